@@ -1,0 +1,43 @@
+"""Named wrappers over Horovod's TensorFlow collectives.
+
+Every collective gets an explicit, deterministic name (``ignore_name_scope=True``) so that ranks
+match it whatever the surrounding name scopes are, and callers must consume every result (Horovod
+ops are not stateful: an unused result can be pruned from a ``tf.function`` on one rank only).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import horovod.tensorflow as hvd
+import tensorflow as tf
+
+
+def scale_factors(op, gradient_predivide_factor: float) -> tuple[float, float]:
+    """Horovod's split of averaging into pre/post scaling (the C++ side adds the 1/size)."""
+    if op == hvd.Average:
+        return 1.0 / gradient_predivide_factor, gradient_predivide_factor
+    return 1.0, 1.0
+
+
+def allreduce_bucket(
+    tensors: Sequence[tf.Tensor], name: str, *, op, compression,
+    prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+) -> list[tf.Tensor]:
+    """One fused collective for a bucket of dense tensors (a Horovod grouped allreduce)."""
+    if not tensors:
+        return []
+    return list(hvd.grouped_allreduce(
+        list(tensors), op=op, compression=compression,
+        prescale_factor=prescale_factor, postscale_factor=postscale_factor,
+        name=name, ignore_name_scope=True,
+    ))
+
+
+def allreduce_sparse(grad: tf.IndexedSlices, name: str, *, op) -> tf.IndexedSlices:
+    """A sparse gradient travels as Horovod does it: allgather of values and of indices."""
+    values = hvd.allgather(grad.values, name=f"{name}.values", ignore_name_scope=True)
+    indices = hvd.allgather(grad.indices, name=f"{name}.indices", ignore_name_scope=True)
+    if op == hvd.Average:
+        values = values / tf.cast(hvd.size(), values.dtype)
+    return tf.IndexedSlices(values, indices, dense_shape=grad.dense_shape)

@@ -1,0 +1,76 @@
+"""From local gradients to global ones: plan once per variable list, then run the strategy.
+
+Backend-neutral glue between the Keras optimizer wrapper and the strategies: it builds (and
+caches) the plan for a variable list, checks once that every rank has the same variables, and
+asks the strategy to issue the collectives.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import horovod.tensorflow as hvd
+import tensorflow as tf
+
+from hvd_overlap.plan import Plan, VarSpec, layer_of
+from hvd_overlap.strategies import Strategy
+from hvd_overlap.strategies.base import Grad
+
+
+def var_specs(variables: Sequence[tf.Variable]) -> list[VarSpec]:
+    """The plan's view of variables, in the order given (forward order for Keras models)."""
+    return [
+        VarSpec(index=i, name=v.name, shape=tuple(int(d) for d in v.shape),
+                dtype=v.dtype.base_dtype.name, layer=layer_of(v.name))
+        for i, v in enumerate(variables)
+    ]
+
+
+def check_same_on_all_ranks(specs: Sequence[VarSpec]) -> None:
+    """Raise the same error on every rank if ranks hold different trainable variables.
+
+    One small allgather, issued eagerly while the first train step is traced, before any
+    gradient collective: a model that differs across ranks cannot leave a rank waiting.
+    """
+    if hvd.size() == 1:
+        return
+    mine = [(s.name, list(s.shape), s.dtype) for s in specs]
+    with tf.init_scope():
+        everyone = hvd.allgather_object(mine, name="hvd_overlap.model_check")
+    for rank, theirs in enumerate(everyone):
+        if theirs == everyone[0]:
+            continue
+        detail = f"rank 0 has {len(everyone[0])} trainable variables, rank {rank} has {len(theirs)}"
+        for a, b in zip(everyone[0], theirs, strict=False):
+            if a != b:
+                detail = f"first difference: rank 0 {a} vs rank {rank} {b}"
+                break
+        raise ValueError(
+            "the model differs across ranks (" + detail + "). Every rank must build the same "
+            "model, with the same layers in the same order, before training."
+        )
+
+
+class GradientReducer:
+    """Holds a strategy and the plans it built, keyed by the variable list they cover."""
+
+    def __init__(self, strategy: Strategy):
+        self.strategy = strategy
+        self._plans: dict[tuple, Plan] = {}
+        self.last_plan: Plan | None = None
+
+    def plan_for(self, variables: Sequence[tf.Variable], check_ranks: bool = True) -> Plan:
+        key = tuple(v.ref() for v in variables)
+        plan = self._plans.get(key)
+        if plan is None:
+            specs = var_specs(variables)
+            if check_ranks:
+                check_same_on_all_ranks(specs)
+            plan = self.strategy.build_plan(specs)
+            self._plans[key] = plan
+        self.last_plan = plan
+        return plan
+
+    def reduce(self, grads: Sequence[Grad], variables: Sequence[tf.Variable]) -> list[Grad]:
+        plan = self.plan_for(variables)
+        return self.strategy.reduce(list(grads), list(variables), plan)

@@ -1,0 +1,49 @@
+"""Technique 1: layer-ordered buckets, each one collective issued as soon as its gradients exist.
+
+Inside the train-step graph every bucket's collective depends only on its own gradients, so
+TensorFlow starts it while backprop of the layers below is still running (overlap by dataflow).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import tensorflow as tf
+
+from hvd_overlap.collectives import allreduce_bucket, allreduce_sparse, scale_factors
+from hvd_overlap.plan import Plan, VarSpec, build_layerwise_plan
+from hvd_overlap.strategies.base import Grad, Strategy
+
+
+class LayerwiseStrategy(Strategy):
+    """Buckets in backprop order, cut by ``bucket_bytes``; one grouped allreduce per bucket."""
+
+    name = "layerwise"
+
+    def build_plan(self, specs: Sequence[VarSpec]) -> Plan:
+        return build_layerwise_plan(specs, self.settings.bucket_bytes, strategy=self.name)
+
+    def reduce(self, grads: Sequence[Grad], variables: Sequence[tf.Variable],
+               plan: Plan) -> list[Grad]:
+        s = self.settings
+        pre, post = scale_factors(s.op, s.gradient_predivide_factor)
+        out: list[Grad] = list(grads)
+        for bucket in plan.buckets:
+            dense: list[tuple[int, tf.Tensor]] = []
+            for v in bucket.variables:
+                g = grads[v.index]
+                if g is None:  # not on the loss path: left alone, as stock Horovod does
+                    continue
+                if isinstance(g, tf.IndexedSlices):
+                    if not s.sparse_as_dense:
+                        out[v.index] = allreduce_sparse(
+                            g, f"{s.name}.b{bucket.index}.v{v.index}", op=s.op)
+                        continue
+                    g = tf.convert_to_tensor(g)
+                dense.append((v.index, g))
+            reduced = allreduce_bucket(
+                [g for _, g in dense], f"{s.name}.b{bucket.index}", op=s.op,
+                compression=s.compression, prescale_factor=pre, postscale_factor=post)
+            for (i, _), r in zip(dense, reduced, strict=True):
+                out[i] = r
+        return out

@@ -1,0 +1,173 @@
+"""Shared by the multi-rank tests: small models, per-rank data, and two ways to train.
+
+Every rank calls the same functions in the same order; data differ per rank (seeded by rank),
+initial weights are equal on every rank (same seed), as in a real Horovod job after broadcast.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import horovod.tensorflow.keras as hvd
+import numpy as np
+import tensorflow as tf
+
+import hvd_overlap.keras as hvdo
+
+BATCH = 16
+STEPS_PER_EPOCH = 12
+EPOCHS = 2  # 24 steps in all
+
+
+def cnn_bn() -> tf.keras.Model:
+    L = tf.keras.layers
+    return tf.keras.Sequential([
+        L.Conv2D(8, 3, padding="same", input_shape=(12, 12, 1)),
+        L.BatchNormalization(), L.ReLU(), L.MaxPool2D(),
+        L.Conv2D(16, 3, padding="same"), L.BatchNormalization(), L.ReLU(),
+        L.Flatten(), L.Dense(32, activation="relu"), L.Dense(10),
+    ])
+
+
+def shared_layer() -> tf.keras.Model:
+    """Functional model applying one Dense layer to two inputs (one variable, two uses)."""
+    L = tf.keras.layers
+    a, b = L.Input((12, 12, 1)), L.Input((12, 12, 1))
+    shared = L.Dense(24, activation="tanh", name="shared")
+    ha, hb = shared(L.Flatten()(a)), shared(L.Flatten()(b))
+    out = L.Dense(10)(L.Concatenate()([ha, hb]))
+    return tf.keras.Model([a, b], out)
+
+
+def embedding() -> tf.keras.Model:
+    L = tf.keras.layers
+    return tf.keras.Sequential([
+        L.Embedding(50, 8, input_length=6), L.GlobalAveragePooling1D(),
+        L.Dense(16, activation="relu"), L.Dense(10),
+    ])
+
+
+class _UnusedBranch(tf.keras.Model):
+    """A layer that is built and trainable but never on the loss path: its gradients are None."""
+
+    def __init__(self):
+        super().__init__()
+        self.flat = tf.keras.layers.Flatten()
+        self.hidden = tf.keras.layers.Dense(16, activation="relu")
+        self.unused = tf.keras.layers.Dense(7)
+        self.out = tf.keras.layers.Dense(10)
+
+    def call(self, x):
+        h = self.hidden(self.flat(x))
+        _ = self.unused(h)  # built, but its output does not reach the loss
+        return self.out(h)
+
+
+def unused_branch() -> tf.keras.Model:
+    m = _UnusedBranch()
+    m(tf.zeros((1, 12, 12, 1)))
+    return m
+
+
+MODELS: dict[str, Callable[[], tf.keras.Model]] = {
+    "cnn_bn": cnn_bn, "shared_layer": shared_layer,
+    "embedding": embedding, "unused_branch": unused_branch,
+}
+
+
+def rank_data(model_name: str, n: int, seed: int = 7):
+    """Different samples on every rank, learnable labels."""
+    rng = np.random.default_rng(seed + 1000 * hvd.rank())
+    y = rng.integers(0, 10, n).astype("int64")
+    if model_name == "embedding":
+        x = (rng.integers(0, 50, (n, 6)) + y[:, None] * 3) % 50
+        return x.astype("int64"), y
+    x = rng.normal(size=(n, 12, 12, 1)).astype("float32") + y[:, None, None, None] / 5.0
+    if model_name == "shared_layer":
+        return (x, np.flip(x, axis=1).copy()), y
+    return x, y
+
+
+OPTIMIZERS: dict[str, Callable[[], tf.keras.optimizers.Optimizer]] = {
+    "sgd_momentum": lambda: tf.keras.optimizers.SGD(0.05, momentum=0.9),
+    "adam": lambda: tf.keras.optimizers.Adam(0.003),
+    "legacy_sgd_nesterov": lambda: tf.keras.optimizers.legacy.SGD(0.05, momentum=0.9,
+                                                                  nesterov=True),
+    "legacy_adam": lambda: tf.keras.optimizers.legacy.Adam(0.003),
+}
+
+LOSS = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
+def stock(opt, **kw):
+    """The reference: stock Horovod's Keras DistributedOptimizer."""
+    return hvd.DistributedOptimizer(opt, **kw)
+
+
+def ours(strategy: str, **kw):
+    return lambda opt: hvdo.DistributedOptimizer(opt, strategy=strategy, **kw)
+
+
+class Result:
+    """What a run leaves: all weights (BN moving statistics are per rank) and trainable ones."""
+
+    def __init__(self, model: tf.keras.Model):
+        self.weights = model.get_weights()
+        self.trainable = [v.numpy() for v in model.trainable_variables]
+
+
+def train_fit(model_name: str, opt_name: str, wrap, seed: int = 3) -> Result:
+    """``model.fit`` for EPOCHS x STEPS_PER_EPOCH steps."""
+    tf.keras.utils.set_random_seed(seed)
+    model = MODELS[model_name]()
+    opt = wrap(OPTIMIZERS[opt_name]())
+    model.compile(optimizer=opt, loss=LOSS)
+    x, y = rank_data(model_name, BATCH * STEPS_PER_EPOCH)
+    model.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0,
+              callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+    assert int(opt.iterations.numpy()) == EPOCHS * STEPS_PER_EPOCH
+    return Result(model)
+
+
+def train_loop(model_name: str, opt_name: str, wrap, tape_wrap=None,
+               seed: int = 3) -> Result:
+    """A custom ``tf.GradientTape`` loop in a ``tf.function``: ``apply_gradients`` per step."""
+    tf.keras.utils.set_random_seed(seed)
+    model = MODELS[model_name]()
+    opt = wrap(OPTIMIZERS[opt_name]())
+    x, y = rank_data(model_name, BATCH * STEPS_PER_EPOCH)
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH).repeat(EPOCHS)
+
+    @tf.function
+    def step(xb, yb):
+        with tf.GradientTape() as tape:
+            loss = LOSS(yb, model(xb, training=True))
+        if tape_wrap is not None:
+            tape = tape_wrap(tape)
+        grads = tape.gradient(loss, model.trainable_variables)
+        opt.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+        return loss
+
+    for xb, yb in ds:
+        step(xb, yb)
+    return Result(model)
+
+
+def assert_weights_close(actual: Result, expected: Result, rtol=1e-5, atol=1e-6):
+    """Every weight (BN statistics included) equal to fp32 tolerance."""
+    assert len(actual.weights) == len(expected.weights)
+    for i, (a, e) in enumerate(zip(actual.weights, expected.weights, strict=True)):
+        np.testing.assert_allclose(a, e, rtol=rtol, atol=atol, err_msg=f"weight {i}")
+
+
+def max_abs_diff(a: Result, b: Result) -> float:
+    pairs = zip(a.weights, b.weights, strict=True)
+    return max(float(np.max(np.abs(x - y))) if x.size else 0.0 for x, y in pairs)
+
+
+def same_on_all_ranks(result: Result) -> bool:
+    """True if every rank holds bitwise the same trainable weights (rank 0's, broadcast)."""
+    flat = np.concatenate([w.ravel().astype("float64") for w in result.trainable])
+    root = hvd.broadcast(tf.constant(flat), 0, name="same_on_all_ranks").numpy()
+    ok = np.array_equal(flat, root)
+    return bool(hvd.allreduce(tf.constant(int(not ok)), op=hvd.Sum, name="same_ok").numpy() == 0)

@@ -1,0 +1,35 @@
+"""Print one closing line for all test runs from their JUnit reports; exit 1 on any failure.
+
+Multi-rank tests count once per rank (each rank runs every test). A missing report (a rank
+that died before writing it) counts as a failure.
+"""
+
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+
+def main(paths: list[str]) -> int:
+    passed = failed = skipped = 0
+    expected = {"single.xml", "rank0.xml", "rank1.xml"}
+    seen = {Path(p).name for p in paths if Path(p).exists()}
+    for missing in sorted(expected - seen):
+        print(f"missing report {missing}: that run died before finishing")
+        failed += 1
+    for p in paths:
+        if not Path(p).exists():
+            continue
+        for suite in ET.parse(p).getroot().iter("testsuite"):
+            tests, fail = int(suite.get("tests", 0)), int(suite.get("failures", 0))
+            err, skip = int(suite.get("errors", 0)), int(suite.get("skipped", 0))
+            print(f"{Path(p).stem}: {tests - fail - err - skip} passed, {fail + err} failed, "
+                  f"{skip} skipped")
+            passed += tests - fail - err - skip
+            failed += fail + err
+            skipped += skip
+    print(f"{passed} passed, {failed} failed, {skipped} skipped")
+    return 1 if failed or passed == 0 else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

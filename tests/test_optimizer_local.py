@@ -1,0 +1,102 @@
+"""The Keras wrapper in one process (Horovod size 1): API, errors, save/load, plain-SGD equality."""
+
+import horovod.tensorflow as hvd_tf
+import horovod.tensorflow.keras as hvd
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import hvd_overlap
+import hvd_overlap.keras as hvdo
+
+hvd.init()
+
+
+def small_model():
+    tf.keras.utils.set_random_seed(1)
+    return tf.keras.Sequential([
+        tf.keras.layers.Conv2D(4, 3, input_shape=(8, 8, 1)), tf.keras.layers.BatchNormalization(),
+        tf.keras.layers.Flatten(), tf.keras.layers.Dense(10),
+    ])
+
+
+def data():
+    rng = np.random.default_rng(0)
+    return rng.normal(size=(64, 8, 8, 1)).astype("float32"), rng.integers(0, 10, 64)
+
+
+def fit(model, opt):
+    model.compile(opt, tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    x, y = data()
+    model.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0)
+    return model.get_weights()
+
+
+@pytest.mark.parametrize("strategy", sorted(hvd_overlap.STRATEGIES))
+@pytest.mark.parametrize("make_opt", [
+    lambda: tf.keras.optimizers.SGD(0.1, momentum=0.9),
+    lambda: tf.keras.optimizers.legacy.Adam(0.01),
+], ids=["sgd", "legacy_adam"])
+def test_size_one_equals_the_plain_optimizer(strategy, make_opt):
+    plain = fit(small_model(), make_opt())
+    wrapped = fit(small_model(), hvdo.DistributedOptimizer(make_opt(), strategy=strategy))
+    for a, b in zip(wrapped, plain, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+
+
+def test_wrapper_keeps_the_class_name_and_config():
+    opt = hvdo.DistributedOptimizer(tf.keras.optimizers.Adam(0.01))
+    assert type(opt).__name__ == "Adam"
+    assert isinstance(opt, tf.keras.optimizers.Adam)
+    assert opt.get_config()["learning_rate"] == pytest.approx(0.01)
+    assert opt.strategy == "layerwise"
+
+
+def test_saved_model_loads_without_the_plugin(tmp_path):
+    model = small_model()
+    fit(model, hvdo.DistributedOptimizer(tf.keras.optimizers.SGD(0.1, momentum=0.9)))
+    path = str(tmp_path / "m.keras")
+    model.save(path)
+    loaded = tf.keras.models.load_model(path)
+    assert type(loaded.optimizer).__name__ == "SGD"
+    for a, b in zip(loaded.get_weights(), model.get_weights(), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_plan_is_printable_before_training():
+    model = small_model()
+    opt = hvdo.DistributedOptimizer(tf.keras.optimizers.SGD(0.1), bucket_bytes=1024)
+    with pytest.raises(RuntimeError, match="build_plan"):
+        _ = opt.plan
+    plan = opt.build_plan(model.trainable_variables)
+    assert opt.plan is plan
+    assert plan.buckets[0].layers == (model.layers[-1].name,)
+    assert "conv2d" in plan.describe()
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"strategy": "fastest"}, "unknown strategy 'fastest'.*horovod.*layerwise"),
+    ({"bucket_bytes": 0}, "bucket_bytes must be a positive"),
+    ({"op": hvd_tf.Adasum}, "op must be hvd.Average or hvd.Sum"),
+    ({"backward_passes_per_step": 0}, "backward_passes_per_step must be"),
+    ({"groups": 2}, "tune bucket_bytes"),
+])
+def test_bad_arguments_name_the_fix(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        hvdo.DistributedOptimizer(tf.keras.optimizers.SGD(0.1), **kwargs)
+
+
+def test_not_an_optimizer():
+    with pytest.raises(TypeError, match="Keras optimizer"):
+        hvdo.DistributedOptimizer("sgd")
+
+
+def test_wrapping_twice_is_refused():
+    opt = hvdo.DistributedOptimizer(tf.keras.optimizers.SGD(0.1))
+    with pytest.raises(TypeError, match="already"):
+        hvdo.DistributedOptimizer(opt)
+
+
+def test_group_fusion_is_disabled_for_buckets():
+    import os
+    assert os.environ["HOROVOD_DISABLE_GROUP_FUSION"] == "1"

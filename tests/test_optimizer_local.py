@@ -100,3 +100,16 @@ def test_wrapping_twice_is_refused():
 def test_group_fusion_is_disabled_for_buckets():
     import os
     assert os.environ["HOROVOD_DISABLE_GROUP_FUSION"] == "1"
+
+
+def test_cli_plan_prints_the_plan_of_a_saved_model(tmp_path):
+    from click.testing import CliRunner
+
+    from hvd_overlap.cli import main
+
+    path = str(tmp_path / "m.keras")
+    small_model().save(path)
+    result = CliRunner().invoke(main, ["plan", path, "--bucket-bytes", "1024"])
+    assert result.exit_code == 0, result.output
+    assert result.output.startswith("plan: strategy=layerwise bucket_bytes=1.0KiB buckets=2")
+    assert "dense/kernel:0" in result.output

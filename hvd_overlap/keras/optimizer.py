@@ -129,6 +129,7 @@ def DistributedOptimizer(  # noqa: N802 -- same name as Horovod's factory
     optimizer,
     strategy: str = "layerwise",
     bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+    ordered: bool = True,
     name: str | None = None,
     device_dense: str = "",
     device_sparse: str = "",
@@ -146,7 +147,8 @@ def DistributedOptimizer(  # noqa: N802 -- same name as Horovod's factory
     """Wrap a Keras optimizer so its gradients are averaged across ranks by ``strategy``.
 
     Same keywords and defaults as ``horovod.tensorflow.keras.DistributedOptimizer``, plus
-    ``strategy`` ("layerwise" or "horovod") and ``bucket_bytes`` (the byte budget of a bucket).
+    ``strategy`` ("layerwise" or "horovod"), ``bucket_bytes`` (the byte budget of a bucket) and
+    ``ordered`` (each bucket's collective waits for the previous one, so they go out in plan order).
     ``num_groups``/``groups`` apply to ``strategy="horovod"`` only (the plan replaces them);
     ``process_set`` must be the global one; ``scale_local_gradients`` is accepted for
     compatibility (the plugin has no ``register_local_var``).
@@ -169,7 +171,7 @@ def DistributedOptimizer(  # noqa: N802 -- same name as Horovod's factory
     settings = CommSettings(
         name=prefix, op=op, compression=compression, sparse_as_dense=sparse_as_dense,
         gradient_predivide_factor=gradient_predivide_factor, device_dense=device_dense,
-        device_sparse=device_sparse, bucket_bytes=bucket_bytes,
+        device_sparse=device_sparse, bucket_bytes=bucket_bytes, ordered=ordered,
         groups=groups if groups is not None else (num_groups or None),
     )
     cls = _distributed_class(type(optimizer))

@@ -26,6 +26,7 @@ class CommSettings:
     device_dense: str = ""
     device_sparse: str = ""
     bucket_bytes: int = 0
+    ordered: bool = True
     groups: Any = None
 
 

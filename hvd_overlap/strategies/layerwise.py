@@ -2,6 +2,9 @@
 
 Inside the train-step graph every bucket's collective depends only on its own gradients, so
 TensorFlow starts it while backprop of the layers below is still running (overlap by dataflow).
+Readiness alone does not fix the order (two ranks may finish gradients in different orders, and
+Horovod runs whichever is ready on all ranks first), so with ``ordered=True`` each bucket's
+collective also waits for the previous bucket's: the buckets go out one by one in plan order.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ from collections.abc import Sequence
 import tensorflow as tf
 
 from hvd_overlap.collectives import allreduce_bucket, allreduce_sparse, scale_factors
-from hvd_overlap.plan import Plan, VarSpec, build_layerwise_plan
+from hvd_overlap.plan import Bucket, Plan, VarSpec, build_layerwise_plan
 from hvd_overlap.strategies.base import Grad, Strategy
 
 
@@ -26,24 +29,35 @@ class LayerwiseStrategy(Strategy):
     def reduce(self, grads: Sequence[Grad], variables: Sequence[tf.Variable],
                plan: Plan) -> list[Grad]:
         s = self.settings
-        pre, post = scale_factors(s.op, s.gradient_predivide_factor)
         out: list[Grad] = list(grads)
+        previous: list[tf.Tensor] = []
         for bucket in plan.buckets:
-            dense: list[tuple[int, tf.Tensor]] = []
-            for v in bucket.variables:
-                g = grads[v.index]
-                if g is None:  # not on the loss path: left alone, as stock Horovod does
-                    continue
-                if isinstance(g, tf.IndexedSlices):
-                    if not s.sparse_as_dense:
-                        out[v.index] = allreduce_sparse(
-                            g, f"{s.name}.b{bucket.index}.v{v.index}", op=s.op)
-                        continue
-                    g = tf.convert_to_tensor(g)
-                dense.append((v.index, g))
-            reduced = allreduce_bucket(
-                [g for _, g in dense], f"{s.name}.b{bucket.index}", op=s.op,
-                compression=s.compression, prescale_factor=pre, postscale_factor=post)
-            for (i, _), r in zip(dense, reduced, strict=True):
-                out[i] = r
+            with tf.control_dependencies(previous if s.ordered else []):
+                done = self._reduce_bucket(bucket, grads, out)
+            previous = done or previous
         return out
+
+    def _reduce_bucket(self, bucket: Bucket, grads: Sequence[Grad], out: list[Grad]) -> list:
+        """Issue one bucket's collective(s); write results into ``out``; return them."""
+        s = self.settings
+        pre, post = scale_factors(s.op, s.gradient_predivide_factor)
+        dense: list[tuple[int, tf.Tensor]] = []
+        done: list[tf.Tensor] = []
+        for v in bucket.variables:
+            g = grads[v.index]
+            if g is None:  # not on the loss path: left alone, as stock Horovod does
+                continue
+            if isinstance(g, tf.IndexedSlices):
+                if not s.sparse_as_dense:
+                    r = allreduce_sparse(g, f"{s.name}.b{bucket.index}.v{v.index}", op=s.op)
+                    out[v.index] = r
+                    done += [r.values, r.indices]
+                    continue
+                g = tf.convert_to_tensor(g)
+            dense.append((v.index, g))
+        reduced = allreduce_bucket(
+            [g for _, g in dense], f"{s.name}.b{bucket.index}", op=s.op,
+            compression=s.compression, prescale_factor=pre, postscale_factor=post)
+        for (i, _), r in zip(dense, reduced, strict=True):
+            out[i] = r
+        return done + reduced

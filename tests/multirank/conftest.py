@@ -7,6 +7,7 @@ import pytest
 
 import hvd_overlap  # noqa: F401  (sets the Horovod environment before hvd.init)
 
+os.environ.setdefault("HOROVOD_TIMELINE", "DYNAMIC")  # hvd.start_timeline in tests
 hvd.init()
 
 

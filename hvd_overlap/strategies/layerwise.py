@@ -32,7 +32,8 @@ class LayerwiseStrategy(Strategy):
         out: list[Grad] = list(grads)
         previous: list[tf.Tensor] = []
         for bucket in plan.buckets:
-            with tf.control_dependencies(previous if s.ordered else []):
+            with tf.device(s.device_dense), \
+                    tf.control_dependencies(previous if s.ordered else []):
                 done = self._reduce_bucket(bucket, grads, out)
             previous = done or previous
         return out

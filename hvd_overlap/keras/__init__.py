@@ -1,5 +1,6 @@
-"""Keras API: ``DistributedOptimizer`` (drop-in for ``horovod.tensorflow.keras``'s)."""
+"""Keras API: ``DistributedOptimizer`` (drop-in for Horovod's) and callbacks."""
 
+from hvd_overlap.keras.callbacks import BatchSizeScheduler
 from hvd_overlap.keras.optimizer import DistributedOptimizer
 
-__all__ = ["DistributedOptimizer"]
+__all__ = ["BatchSizeScheduler", "DistributedOptimizer"]

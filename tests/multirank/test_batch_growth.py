@@ -1,0 +1,123 @@
+"""Batch-size growth on 2 ranks: same decisions everywhere, fewer collectives, exact accumulation.
+
+Every rank runs every test in the same order; all checks happen after the collectives.
+"""
+
+import horovod.tensorflow as hvd_tf
+import horovod.tensorflow.keras as hvd
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import hvd_overlap.keras as hvdo
+from hvd_overlap.batching import BatchGrowth, Milestones, Plateau
+from hvd_overlap.data import fit_with_growth
+from hvd_overlap.keras.callbacks import BatchSizeScheduler
+
+LOSS = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
+def global_data(n: int = 256, seed: int = 0):
+    """The whole training set, equal on every rank (each rank trains on its shard)."""
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, 4, n)
+    x = rng.normal(size=(n, 10)).astype("float32") + y[:, None].astype("float32") / 2
+    return x, y
+
+
+def model(opt: tf.keras.optimizers.Optimizer) -> tf.keras.Model:
+    tf.keras.utils.set_random_seed(11)
+    m = tf.keras.Sequential([tf.keras.layers.Dense(32, activation="relu", input_shape=(10,)),
+                             tf.keras.layers.Dense(4)])
+    m.compile(optimizer=opt, loss=LOSS)
+    return m
+
+
+class StepCounter(tf.keras.callbacks.Callback):
+    """Optimizer steps (= gradient allreduces with hvd.DistributedOptimizer) per epoch."""
+
+    def __init__(self):
+        super().__init__()
+        self.per_epoch: list[int] = []
+        self._last = 0
+
+    def on_epoch_end(self, epoch, logs=None):
+        now = int(self.model.optimizer.iterations.numpy())
+        self.per_epoch.append(now - self._last)
+        self._last = now
+
+
+def gathered(obj, name):
+    return hvd_tf.allgather_object(obj, name=name)
+
+
+@pytest.mark.parametrize("wrap", [
+    hvd.DistributedOptimizer,
+    lambda opt: hvdo.DistributedOptimizer(opt, strategy="layerwise"),
+], ids=["stock", "layerwise"])
+def test_growth_same_epoch_on_all_ranks_and_collectives_drop(wrap):
+    x, y = global_data()
+    m = model(wrap(tf.keras.optimizers.SGD(0.02)))
+    policy = BatchGrowth(Milestones({1: 2, 3: 2}), initial_batch=16, base_lr=0.02,
+                         num_ranks=hvd.size(), warmup_steps=2)
+    counter = StepCounter()
+    h = fit_with_growth(m, x, y, scheduler=BatchSizeScheduler(policy), epochs=4,
+                        callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), counter])
+    record = (h.history["batch_size"], h.history["per_rank_batch_size"],
+              [round(v, 8) for v in h.history["lr"]], counter.per_epoch)
+    records = gathered(record, "growth_record")
+    weights = np.concatenate([w.ravel() for w in m.get_weights()])
+    all_weights = gathered(weights, "growth_weights")
+
+    assert hvd.size() == 2
+    assert all(r == records[0] for r in records), records
+    batch, per_rank, lr, steps = records[0]
+    assert batch == [16, 32, 32, 64]
+    assert per_rank == [8, 16, 16, 32]
+    # 128 samples per rank: 16, 8, 8, 4 steps (one allreduce each) -> halves when batch doubles
+    assert steps == [16, 8, 8, 4]
+    assert lr == [0.02, 0.04, 0.04, 0.08]
+    assert all(np.array_equal(w, all_weights[0]) for w in all_weights)
+
+
+class RankLocalValue(tf.keras.callbacks.Callback):
+    """Puts a rank-dependent value into the logs: flat on rank 0, improving on rank 1."""
+
+    def on_epoch_end(self, epoch, logs=None):
+        logs["probe"] = 1.0 if hvd.rank() == 0 else 1.0 - 0.5 * epoch
+
+
+def test_plateau_decision_is_rank_0s_on_every_rank():
+    x, y = global_data(128)
+    m = model(hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.02)))
+    policy = BatchGrowth(Plateau(patience=1, min_delta=0.1), initial_batch=8, base_lr=0.02,
+                         num_ranks=hvd.size(), max_global_batch=32)
+    sched = BatchSizeScheduler(policy, monitor="probe")
+    # the probe must write its value before the scheduler reads it
+    h = fit_with_growth(m, x, y, scheduler=sched, epochs=4, callbacks=[RankLocalValue(), sched])
+    records = gathered((h.history["batch_size"], sched.get_state()), "plateau_record")
+    assert all(r == records[0] for r in records)
+    # rank 0's probe is flat: grow after e1 and e2 (then capped at 32); rank 1 alone never would
+    assert records[0][0] == [8, 8, 16, 32]
+    assert [e["epoch"] for e in records[0][1]["events"]] == [2, 3]
+
+
+def test_accumulation_on_two_ranks_equals_one_big_batch():
+    x, y = global_data(256, seed=2)
+    results = []
+    for ceiling in (None, 8):
+        m = model(hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.1, momentum=0.9)))
+        policy = BatchGrowth(None, initial_batch=32, base_lr=0.1, num_ranks=hvd.size(),
+                             max_per_rank_batch=ceiling)
+        counter = StepCounter()
+        h = fit_with_growth(m, x, y, scheduler=BatchSizeScheduler(policy), epochs=2,
+                            callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0),
+                                       counter])
+        results.append((m.get_weights(), h.history["accumulation_steps"], counter.per_epoch))
+    flat = [np.concatenate([w.ravel() for w in r[0]]) for r in results]
+    gathered_flat = gathered(flat, "accumulation_weights")
+
+    assert results[0][1] == [1, 1] and results[1][1] == [2, 2]
+    assert results[0][2] == results[1][2] == [8, 8]  # same number of collectives
+    np.testing.assert_allclose(flat[1], flat[0], rtol=1e-5, atol=1e-6)
+    assert all(np.array_equal(g[1], gathered_flat[0][1]) for g in gathered_flat)

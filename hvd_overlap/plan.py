@@ -27,6 +27,7 @@ DEFAULT_BUCKET_BYTES = 4 * 1024 * 1024
 
 # Phases: when a bucket's collective is issued.
 BACKWARD = "backward"  # inside the train step, as soon as the bucket's gradients exist
+FORWARD = "forward"    # deferred: at the start of the next step, before the layer's forward
 ALLREDUCE = "allreduce"
 
 
@@ -39,6 +40,8 @@ class VarSpec:
     shape: tuple[int, ...]
     dtype: str
     layer: str
+    sparse: bool = False     # its gradient is an IndexedSlices (Embedding) sent as such
+    has_grad: bool = True    # False: not on the loss path, never sent nor updated
 
     @property
     def size(self) -> int:
@@ -86,6 +89,10 @@ class Plan:
     buckets: tuple[Bucket, ...]
     notes: tuple[str, ...] = field(default=())
 
+    def phase_buckets(self, phase: str) -> tuple[Bucket, ...]:
+        """The buckets of one phase, in the order they are issued."""
+        return tuple(b for b in self.buckets if b.phase == phase)
+
     def bucket_of(self) -> dict[int, int]:
         """Map a variable's forward index to the index of its bucket."""
         return {v.index: b.index for b in self.buckets for v in b.variables}
@@ -97,8 +104,9 @@ class Plan:
     def signature(self) -> str:
         """A short hash of everything that must agree across ranks."""
         payload = [self.strategy, self.bucket_bytes] + [
-            [b.index, b.collective, b.phase] + [[v.index, v.name, list(v.shape), v.dtype]
-                                                for v in b.variables]
+            [b.index, b.collective, b.phase] + [
+                [v.index, v.name, list(v.shape), v.dtype, v.sparse, v.has_grad]
+                for v in b.variables]
             for b in self.buckets
         ]
         return hashlib.sha256(json.dumps(payload).encode()).hexdigest()[:16]
@@ -148,13 +156,18 @@ def check_dtypes(variables: Iterable[VarSpec]) -> None:
 
 def build_layerwise_plan(
     variables: Sequence[VarSpec], bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-    strategy: str = "layerwise",
+    strategy: str = "layerwise", defer: int = 0,
 ) -> Plan:
     """Buckets in backprop order (output layer first), cut at layer boundaries by ``bucket_bytes``.
 
     Adjacent layers merge until adding the next layer would exceed the budget; a layer larger
     than the budget gets a bucket of its own (a layer is never split). A bucket holds one dtype.
+    ``defer`` input-side buckets (-1: all) move to the FORWARD phase: issued at the start of the
+    next step in forward order (input layer first), after the BACKWARD buckets of this step.
+    A bucket holding a sparse gradient stays in the BACKWARD phase (its size varies per step).
     """
+    if not isinstance(defer, int) or defer < -1:
+        raise ValueError(f"defer must be an int >= 0 (or -1 for all buckets), got {defer!r}")
     if bucket_bytes <= 0:
         raise ValueError(f"bucket_bytes must be a positive number of bytes, got {bucket_bytes}")
     check_dtypes(variables)
@@ -178,11 +191,16 @@ def build_layerwise_plan(
             current = current + dtype_group
     if current:
         buckets.append(current)
-    return Plan(
-        strategy=strategy,
-        bucket_bytes=bucket_bytes,
-        buckets=tuple(Bucket(index=i, variables=tuple(b)) for i, b in enumerate(buckets)),
-    )
+    n_defer = len(buckets) if defer == -1 else min(defer, len(buckets))
+    made = [
+        Bucket(index=i, variables=tuple(b),
+               phase=FORWARD if i >= len(buckets) - n_defer
+               and not any(v.sparse for v in b) else BACKWARD)
+        for i, b in enumerate(buckets)
+    ]
+    backward = [b for b in made if b.phase == BACKWARD]
+    forward = [b for b in reversed(made) if b.phase == FORWARD]
+    return Plan(strategy=strategy, bucket_bytes=bucket_bytes, buckets=tuple(backward + forward))
 
 
 def _split_by_dtype(vs: list[VarSpec]) -> list[list[VarSpec]]:

@@ -17,12 +17,17 @@ from hvd_overlap.strategies import Strategy
 from hvd_overlap.strategies.base import Grad
 
 
-def var_specs(variables: Sequence[tf.Variable]) -> list[VarSpec]:
-    """The plan's view of variables, in the order given (forward order for Keras models)."""
+def var_specs(variables: Sequence[tf.Variable], grads: Sequence[Grad] | None = None,
+              sparse_as_dense: bool = False) -> list[VarSpec]:
+    """The plan's view of variables, in the order given (forward order for Keras models);
+    with ``grads``, which have none (off the loss path) and which are sparse."""
+    grads = list(grads) if grads is not None else [0] * len(variables)
     return [
         VarSpec(index=i, name=v.name, shape=tuple(int(d) for d in v.shape),
-                dtype=v.dtype.base_dtype.name, layer=layer_of(v.name))
-        for i, v in enumerate(variables)
+                dtype=v.dtype.base_dtype.name, layer=layer_of(v.name),
+                sparse=isinstance(g, tf.IndexedSlices) and not sparse_as_dense,
+                has_grad=g is not None)
+        for i, (v, g) in enumerate(zip(variables, grads, strict=True))
     ]
 
 
@@ -34,7 +39,7 @@ def check_same_on_all_ranks(specs: Sequence[VarSpec]) -> None:
     """
     if hvd.size() == 1:
         return
-    mine = [(s.name, list(s.shape), s.dtype) for s in specs]
+    mine = [(s.name, list(s.shape), s.dtype, s.sparse, s.has_grad) for s in specs]
     with tf.init_scope():
         everyone = hvd.allgather_object(mine, name="hvd_overlap.model_check")
     for rank, theirs in enumerate(everyone):
@@ -59,11 +64,12 @@ class GradientReducer:
         self._plans: dict[tuple, Plan] = {}
         self.last_plan: Plan | None = None
 
-    def plan_for(self, variables: Sequence[tf.Variable], check_ranks: bool = True) -> Plan:
-        key = tuple(v.ref() for v in variables)
+    def plan_for(self, variables: Sequence[tf.Variable], grads: Sequence[Grad] | None = None,
+                 check_ranks: bool = True) -> Plan:
+        specs = var_specs(variables, grads, self.strategy.settings.sparse_as_dense)
+        key = tuple(v.ref() for v in variables) + tuple((s.sparse, s.has_grad) for s in specs)
         plan = self._plans.get(key)
         if plan is None:
-            specs = var_specs(variables)
             if check_ranks:
                 check_same_on_all_ranks(specs)
             plan = self.strategy.build_plan(specs)
@@ -72,5 +78,5 @@ class GradientReducer:
         return plan
 
     def reduce(self, grads: Sequence[Grad], variables: Sequence[tf.Variable]) -> list[Grad]:
-        plan = self.plan_for(variables)
+        plan = self.plan_for(variables, grads)
         return self.strategy.reduce(list(grads), list(variables), plan)

@@ -28,7 +28,8 @@ def data():
 def fit(model, opt):
     model.compile(opt, tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     x, y = data()
-    model.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0)
+    model.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0,
+              callbacks=[hvdo.OverlapCallback()])
     return model.get_weights()
 
 
@@ -80,6 +81,8 @@ def test_plan_is_printable_before_training():
     ({"op": hvd_tf.Adasum}, "op must be hvd.Average or hvd.Sum"),
     ({"backward_passes_per_step": 0}, "backward_passes_per_step must be"),
     ({"groups": 2}, "tune bucket_bytes"),
+    ({"strategy": "deferred", "backward_passes_per_step": 2}, "layerwise"),
+    ({"strategy": "hybrid", "defer": -3}, "defer must be"),
 ])
 def test_bad_arguments_name_the_fix(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -114,3 +117,28 @@ def test_cli_plan_prints_the_plan_of_a_saved_model(tmp_path):
     assert result.exit_code == 0, result.output
     assert result.output.startswith("plan: strategy=layerwise bucket_bytes=1.0KiB buckets=2")
     assert f"{model.layers[-1].name}/kernel:0" in "".join(result.output.splitlines()[3:5])
+
+
+def test_deferring_refuses_global_clipnorm():
+    with pytest.raises(ValueError, match="global_clipnorm.*clipnorm"):
+        hvdo.DistributedOptimizer(tf.keras.optimizers.SGD(0.1, global_clipnorm=1.0),
+                                  strategy="deferred")
+
+
+def test_deferred_without_the_callback_names_the_fix():
+    model = small_model()
+    model.compile(hvdo.DistributedOptimizer(tf.keras.optimizers.SGD(0.1), strategy="deferred"),
+                  tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    x, y = data()
+    with pytest.raises(ValueError, match="OverlapCallback"):
+        model.fit(x, y, batch_size=16, epochs=1, verbose=0)
+
+
+def test_overlap_callback_flushes_before_evaluate_and_leaves_fit_clean():
+    model = small_model()
+    opt = hvdo.DistributedOptimizer(tf.keras.optimizers.SGD(0.1, momentum=0.9),
+                                    strategy="deferred")
+    fit(model, opt)
+    assert int(opt.iterations.numpy()) == 8          # 2 epochs x 4 steps, all applied
+    assert not bool(opt._hvdo.deferral.pending.numpy())
+    assert "train_step" not in vars(model)           # the patch is removed after fit

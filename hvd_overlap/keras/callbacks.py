@@ -1,5 +1,7 @@
 """Keras callbacks of hvd-overlap.
 
+- :class:`OverlapCallback`: the pre-forward phase and the flushes of the cross-iteration
+  strategies (``deferred``, ``hybrid``); harmless with the others.
 - :class:`BatchSizeScheduler`: run-time batch-size growth (policy in ``hvd_overlap.batching``;
   the data side, per-epoch re-batching and gradient accumulation, in ``hvd_overlap.data``).
 """
@@ -13,7 +15,7 @@ import tensorflow as tf
 
 from hvd_overlap.batching import BatchGrowth, Growth
 
-__all__ = ["BatchSizeScheduler"]
+__all__ = ["BatchSizeScheduler", "OverlapCallback"]
 
 
 def _world_size() -> int:
@@ -128,3 +130,69 @@ class BatchSizeScheduler(tf.keras.callbacks.Callback):
                   f"micro-batches x {p.num_ranks} ranks), lr {event.old_lr:.4g} -> "
                   f"{event.new_lr:.4g}" + (f" over {p.warmup_steps} steps"
                                            if p.warmup_steps else ""))
+
+
+class OverlapCallback(tf.keras.callbacks.Callback):
+    """Installs the pre-forward phase into ``model.fit``'s train step and flushes pending
+    updates whenever someone could look at the weights.
+
+    With ``strategy="deferred"`` or ``"hybrid"`` the update of step t is applied at the start
+    of step t+1. This callback flushes it (applies it now, on every rank) at the end of every
+    epoch -- so validation, ``ModelCheckpoint(save_freq="epoch")`` and ``EarlyStopping`` see
+    current weights --, before ``evaluate``/``predict`` run with it, and at the end of ``fit``.
+    For checkpoints every N batches, pass ``flush_every=N``. With other strategies it does
+    nothing.
+    """
+
+    def __init__(self, flush_every: int | None = None):
+        super().__init__()
+        if flush_every is not None and (not isinstance(flush_every, int) or flush_every < 1):
+            raise ValueError(f"flush_every must be a positive number of batches, got "
+                             f"{flush_every!r}")
+        self.flush_every = flush_every
+        self._patched = False
+
+    def _optimizer(self):
+        opt = getattr(self.model, "optimizer", None)
+        return opt if getattr(opt, "defers", False) else None
+
+    def on_train_begin(self, logs=None):
+        opt = self._optimizer()
+        if opt is None or self._patched:
+            return
+        original = self.model.train_step
+
+        def train_step(data):
+            opt.pre_forward()
+            return original(data)
+
+        self.model.train_step = train_step
+        self._patched = True
+        # fit made its train function before on_train_begin; it reads it again every step
+        self.model.train_function = self.model.make_train_function(force=True)
+
+    def on_train_batch_end(self, batch, logs=None):
+        opt = self._optimizer()
+        if opt is None:
+            return
+        if opt._hvdo.deferral.needs_retrace:  # the first trace could not defer yet
+            opt._hvdo.deferral.needs_retrace = False
+            self.model.train_function = self.model.make_train_function(force=True)
+        steps = self.params.get("steps") if self.params else None
+        if (self.flush_every and (batch + 1) % self.flush_every == 0) or \
+                (steps and batch + 1 == steps):
+            opt.flush()
+
+    def _flush(self, *_args, **_kwargs):
+        opt = self._optimizer()
+        if opt is not None:
+            opt.flush()
+
+    on_epoch_end = on_test_begin = on_predict_begin = _flush
+
+    def on_train_end(self, logs=None):
+        self._flush()
+        if self._patched:
+            del self.model.train_step  # the instance attribute; the class's method is back
+            self.model.train_function = None
+            self._patched = False

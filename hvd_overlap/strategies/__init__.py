@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from hvd_overlap.strategies.base import CommSettings, Strategy
+from hvd_overlap.strategies.deferred import DeferredStrategy, HybridStrategy
 from hvd_overlap.strategies.horovod import HorovodStrategy
 from hvd_overlap.strategies.layerwise import LayerwiseStrategy
 
 STRATEGIES: dict[str, type[Strategy]] = {
     HorovodStrategy.name: HorovodStrategy,
     LayerwiseStrategy.name: LayerwiseStrategy,
+    DeferredStrategy.name: DeferredStrategy,
+    HybridStrategy.name: HybridStrategy,
 }
 
 

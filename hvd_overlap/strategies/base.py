@@ -27,6 +27,7 @@ class CommSettings:
     device_sparse: str = ""
     bucket_bytes: int = 0
     ordered: bool = True
+    defer: int | None = None  # hybrid: input-side buckets deferred (None: half the bytes)
     groups: Any = None
 
 
@@ -34,6 +35,8 @@ class Strategy(ABC):
     """Turns a list of trainable variables into a plan, and local gradients into global ones."""
 
     name: str = ""
+    #: True if some buckets are deferred into the next step's forward (needs OverlapCallback)
+    defers: bool = False
 
     def __init__(self, settings: CommSettings):
         self.settings = settings

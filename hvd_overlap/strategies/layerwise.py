@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import tensorflow as tf
 
 from hvd_overlap.collectives import allreduce_bucket, allreduce_sparse, scale_factors
-from hvd_overlap.plan import Bucket, Plan, VarSpec, build_layerwise_plan
+from hvd_overlap.plan import BACKWARD, Bucket, Plan, VarSpec, build_layerwise_plan
 from hvd_overlap.strategies.base import Grad, Strategy
 
 
@@ -26,19 +26,22 @@ class LayerwiseStrategy(Strategy):
     def build_plan(self, specs: Sequence[VarSpec]) -> Plan:
         return build_layerwise_plan(specs, self.settings.bucket_bytes, strategy=self.name)
 
-    def reduce(self, grads: Sequence[Grad], variables: Sequence[tf.Variable],
-               plan: Plan) -> list[Grad]:
+    def reduce(self, grads: Sequence[Grad], variables: Sequence[tf.Variable], plan: Plan,
+               phases: tuple[str, ...] = (BACKWARD,)) -> list[Grad]:
+        """Reduce the buckets of ``phases`` (in plan order); other gradients stay local."""
         s = self.settings
         out: list[Grad] = list(grads)
         previous: list[tf.Tensor] = []
         for bucket in plan.buckets:
+            if bucket.phase not in phases:
+                continue
             with tf.device(s.device_dense), \
                     tf.control_dependencies(previous if s.ordered else []):
-                done = self._reduce_bucket(bucket, grads, out)
+                done = self.reduce_bucket(bucket, grads, out)
             previous = done or previous
         return out
 
-    def _reduce_bucket(self, bucket: Bucket, grads: Sequence[Grad], out: list[Grad]) -> list:
+    def reduce_bucket(self, bucket: Bucket, grads: Sequence[Grad], out: list[Grad]) -> list:
         """Issue one bucket's collective(s); write results into ``out``; return them."""
         s = self.settings
         pre, post = scale_factors(s.op, s.gradient_predivide_factor)

@@ -88,8 +88,18 @@ def rank_data(model_name: str, n: int, seed: int = 7):
     return x, y
 
 
+def _decay():
+    return tf.keras.optimizers.schedules.ExponentialDecay(0.1, decay_steps=5, decay_rate=0.7)
+
+
 OPTIMIZERS: dict[str, Callable[[], tf.keras.optimizers.Optimizer]] = {
+    "sgd": lambda: tf.keras.optimizers.SGD(0.05),
     "sgd_momentum": lambda: tf.keras.optimizers.SGD(0.05, momentum=0.9),
+    "sgd_nesterov": lambda: tf.keras.optimizers.SGD(0.05, momentum=0.9, nesterov=True),
+    "sgd_schedule": lambda: tf.keras.optimizers.SGD(_decay(), momentum=0.9),
+    "rmsprop": lambda: tf.keras.optimizers.RMSprop(0.003),
+    "adagrad": lambda: tf.keras.optimizers.Adagrad(0.05),
+    "adam_schedule": lambda: tf.keras.optimizers.Adam(_decay()),
     "adam": lambda: tf.keras.optimizers.Adam(0.003),
     "legacy_sgd_nesterov": lambda: tf.keras.optimizers.legacy.SGD(0.05, momentum=0.9,
                                                                   nesterov=True),
@@ -116,16 +126,24 @@ class Result:
         self.trainable = [v.numpy() for v in model.trainable_variables]
 
 
-def train_fit(model_name: str, opt_name: str, wrap, seed: int = 3) -> Result:
-    """``model.fit`` for EPOCHS x STEPS_PER_EPOCH steps."""
+def train_fit(model_name: str, opt_name: str, wrap, seed: int = 3, epochs: int = EPOCHS,
+              initial_epoch: int = 0, callbacks=(), validation: bool = False,
+              restore: str | None = None) -> Result:
+    """``model.fit`` for ``epochs`` x STEPS_PER_EPOCH steps, with ``OverlapCallback`` (a no-op
+    for strategies that defer nothing, and for stock Horovod) and Horovod's broadcast."""
     tf.keras.utils.set_random_seed(seed)
     model = MODELS[model_name]()
     opt = wrap(OPTIMIZERS[opt_name]())
     model.compile(optimizer=opt, loss=LOSS)
+    if restore:
+        model.load_weights(restore)
     x, y = rank_data(model_name, BATCH * STEPS_PER_EPOCH)
-    model.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0,
-              callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
-    assert int(opt.iterations.numpy()) == EPOCHS * STEPS_PER_EPOCH
+    val = rank_data(model_name, BATCH * 2, seed=99) if validation else None
+    model.fit(x, y, batch_size=BATCH, epochs=epochs, initial_epoch=initial_epoch, shuffle=False,
+              verbose=0, validation_data=val,
+              callbacks=[hvdo.OverlapCallback(), hvd.callbacks.BroadcastGlobalVariablesCallback(0),
+                         *callbacks])
+    assert int(opt.iterations.numpy()) == epochs * STEPS_PER_EPOCH
     return Result(model)
 
 
@@ -138,7 +156,6 @@ def train_loop(model_name: str, opt_name: str, wrap, tape_wrap=None,
     x, y = rank_data(model_name, BATCH * STEPS_PER_EPOCH)
     ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH).repeat(EPOCHS)
 
-    @tf.function
     def step(xb, yb):
         with tf.GradientTape() as tape:
             loss = LOSS(yb, model(xb, training=True))
@@ -148,8 +165,13 @@ def train_loop(model_name: str, opt_name: str, wrap, tape_wrap=None,
         opt.apply_gradients(zip(grads, model.trainable_variables, strict=True))
         return loss
 
+    # the documented custom-loop pair for deferring strategies: make_train_step ... flush
+    run = opt.make_train_step(step) if hasattr(opt, "make_train_step") else tf.function(step)
     for xb, yb in ds:
-        step(xb, yb)
+        run(xb, yb)
+    if hasattr(opt, "flush"):
+        opt.flush()
+    assert int(opt.iterations.numpy()) == EPOCHS * STEPS_PER_EPOCH
     return Result(model)
 
 

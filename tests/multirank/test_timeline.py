@@ -1,5 +1,9 @@
-"""Horovod's own timeline shows the layerwise buckets going out one by one, in plan order,
-the first while backprop is still running."""
+"""Horovod's own timeline shows when the buckets really travel.
+
+- layerwise: one by one in plan order, the first while backprop is still running;
+- deferred: at the start of the next step, in forward order, the first layer's forward running
+  while later buckets are still on the wire.
+"""
 
 import tempfile
 from pathlib import Path
@@ -14,7 +18,7 @@ from hvd_overlap.timeline import merge_groups, origin_us, read_timeline
 STEPS = 8
 
 
-def model() -> tf.keras.Model:
+def model() -> tf.keras.Sequential:
     L = tf.keras.layers
     return tf.keras.Sequential([
         L.Conv2D(32, 3, padding="same", activation="relu", input_shape=(32, 32, 3)),
@@ -24,53 +28,92 @@ def model() -> tf.keras.Model:
     ])
 
 
-def test_buckets_go_out_in_plan_order_during_backprop():
+def record(strategy: str):
+    """Train STEPS steps under the timeline; per step, rank 0's host times (µs) of: first layer's
+    forward done, backprop done. Returns (plan, per-step bucket trips, host times) on rank 0."""
     tf.keras.utils.set_random_seed(0)
     net = model()
-    opt = hvdo.DistributedOptimizer(tf.keras.optimizers.SGD(0.01), bucket_bytes=64 * 1024)
+    opt = hvdo.DistributedOptimizer(tf.keras.optimizers.SGD(0.01), strategy=strategy,
+                                    bucket_bytes=64 * 1024)
     loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     rng = np.random.default_rng(hvd.rank())
     x = tf.constant(rng.normal(size=(32, 32, 32, 3)).astype("float32"))
     y = tf.constant(rng.integers(0, 10, 32))
 
-    @tf.function
     def step():
         with tf.GradientTape() as tape:
-            loss = loss_fn(y, net(x, training=True))
+            h = net.layers[0](x, training=True)
+            with tf.control_dependencies([h]):
+                first_layer_done = tf.timestamp()
+            for layer in net.layers[1:]:
+                h = layer(h, training=True)
+            loss = loss_fn(y, h)
         grads = tape.gradient(loss, net.trainable_variables)
         with tf.control_dependencies(grads):
             backprop_done = tf.timestamp()  # host clock, seconds, when the last gradient exists
         opt.apply_gradients(zip(grads, net.trainable_variables, strict=True))
-        return backprop_done
+        return tf.stack([first_layer_done, backprop_done])
 
-    def barrier():
-        hvd.allreduce(tf.constant(0.0), name="timeline_barrier")
-
-    step(), step()  # trace and warm up outside the timeline
+    run = opt.make_train_step(step)
+    for _ in range(3):  # trace (twice for deferring strategies) and warm up
+        run()
     path = hvd.broadcast_object(str(Path(tempfile.mkdtemp()) / "timeline.json"), 0)
     hvd.start_timeline(path)
-    done = []
+    host = []
     for _ in range(STEPS):
-        barrier()
-        done.append(float(step().numpy()) * 1e6)
+        hvd.allreduce(tf.constant(0.0), name="timeline_barrier")
+        host.append(run().numpy() * 1e6)
     hvd.stop_timeline()
+    opt.flush()
     plan = opt.plan
+    assert net.layers[0].name in plan.buckets[-1 if strategy == "layerwise" else 0].layers
+    if hvd.rank() != 0:  # the coordinator writes the timeline
+        return plan, None, None
+    zero = origin_us(path)
+    trips = [c for c in merge_groups(read_timeline(path)) if c.bucket is not None]
     n = len(plan.buckets)
-    assert n >= 4, plan.describe()
+    steps = [trips[i:i + n] for i in range(0, len(trips), n)]
+    assert len(steps) == STEPS and all(len(s) == n for s in steps), [len(s) for s in steps]
+    return plan, steps, [h - zero for h in host]
 
+
+def agree(verdict):
+    """Rank 0's verdict on every rank, so all ranks pass or fail together."""
+    return hvd.broadcast_object(verdict, 0)
+
+
+def test_layerwise_buckets_go_out_in_plan_order_during_backprop():
+    plan, steps, host = record("layerwise")
     verdict = None
-    if hvd.rank() == 0:  # the coordinator writes the timeline; rank 0's clock is the same host's
-        zero = origin_us(path)
-        trips = [c for c in merge_groups(read_timeline(path)) if c.bucket is not None]
-        steps = [trips[i:i + n] for i in range(0, len(trips), n)]
-        assert len(steps) == STEPS and all(len(s) == n for s in steps), [len(s) for s in steps]
+    if hvd.rank() == 0:
         early = 0
-        for s, backprop_done in zip(steps, done, strict=True):
-            assert [c.bucket for c in s] == list(range(n)), [c.bucket for c in s]
+        for s, (_, backprop_done) in zip(steps, host, strict=True):
+            assert [c.bucket for c in s] == [b.index for b in plan.buckets]
             for a, b in zip(s, s[1:], strict=False):
                 assert b.start >= a.end, "buckets overlapped each other on the wire"
-            early += (zero + s[0].start) < backprop_done
+            early += s[0].start < backprop_done
+        print(f"layerwise: first bucket started before backprop finished in {early}/{STEPS}")
         verdict = early
-        print(f"first bucket started before backprop finished in {early}/{STEPS} steps")
-    early = hvd.broadcast_object(verdict, 0)
+    early = agree(verdict)
+    assert len(plan.buckets) >= 4
     assert early >= STEPS // 2, f"first bucket started during backprop in only {early}/{STEPS}"
+
+
+def test_deferred_buckets_go_out_in_forward_order_under_the_next_forward():
+    plan, steps, host = record("deferred")
+    verdict = None
+    if hvd.rank() == 0:
+        overlapped = 0
+        fwd = [b.index for b in plan.buckets]
+        for s, (first_layer_done, _) in zip(steps, host, strict=True):
+            assert [c.bucket for c in s] == fwd  # input layer's bucket first
+            for a, b in zip(s, s[1:], strict=False):
+                assert b.start >= a.end, "buckets overlapped each other on the wire"
+            # the first layer's forward ran before the last bucket had finished travelling
+            overlapped += first_layer_done < s[-1].end
+        print(f"deferred: first layer's forward done while buckets still travelled in "
+              f"{overlapped}/{STEPS} steps")
+        verdict = overlapped
+    overlapped = agree(verdict)
+    assert all(b.phase == "forward" for b in plan.buckets) and len(plan.buckets) >= 4
+    assert overlapped >= STEPS // 2, f"forward overlapped the buckets in only {overlapped}/{STEPS}"

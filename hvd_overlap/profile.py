@@ -1,0 +1,147 @@
+"""Measured per-layer compute, and the hybrid split chosen from it.
+
+``profile_layers`` times each layer's forward and backward on a sample batch (a model whose
+layers run one after another, like ``tf.keras.Sequential``). ``choose_defer`` then simulates one
+step for every possible split of the plan -- output-side buckets reduced during backprop,
+``k`` input-side buckets deferred into the next forward -- on a link of the given bandwidth,
+and returns the ``k`` with the shortest step. Pass it as ``DistributedOptimizer(...,
+strategy="hybrid", defer=k)``.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+
+from hvd_overlap.plan import Plan
+
+_RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmg]?)(bit|bps)?\s*$", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class LayerTime:
+    """Seconds one layer takes forward and backward on the profiled batch."""
+
+    layer: str
+    forward: float
+    backward: float
+
+
+def parse_bandwidth(rate: str | float) -> float:
+    """``"1gbit"``, ``"500mbit"`` or bytes/s as a number -> bytes per second."""
+    if isinstance(rate, int | float):
+        return float(rate)
+    m = _RATE.match(rate)
+    if not m:
+        raise ValueError(f"bandwidth {rate!r}: write it like '1gbit', '500mbit' or bytes/s")
+    scale = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[m.group(2).lower()]
+    return float(m.group(1)) * scale / 8
+
+
+def simulate_step(plan_bytes: list[int], bucket_layers: list[list[str]],
+                  times: dict[str, LayerTime], forward_order: list[str], defer: int,
+                  bandwidth: float) -> float:
+    """Seconds of one steady-state step when the last ``defer`` buckets (backward order) are
+    deferred. Buckets travel one at a time; a deferred bucket must arrive before its layers'
+    forward; the other buckets must arrive before the step ends."""
+    n = len(plan_bytes)
+    comm = [b / bandwidth for b in plan_bytes]
+    deferred = set(range(n - defer, n))
+    bucket_of = {layer: i for i, layers in enumerate(bucket_layers) for layer in layers}
+    # next step's forward: deferred buckets travel in forward order from the step's start
+    link, arrive = 0.0, {}
+    for i in sorted(deferred, reverse=True):
+        link += comm[i]
+        arrive[i] = link
+    t = 0.0
+    for layer in forward_order:
+        i = bucket_of.get(layer)
+        if i in deferred:
+            t = max(t, arrive[i])
+        t += times[layer].forward if layer in times else 0.0
+    # backward, output layer first: a bucket is ready once its most input-side layer is done;
+    # buckets travel one at a time, after the deferred ones of this step's start
+    link = max(link, t)
+    ready: dict[int, float] = {}
+    for layer in reversed(forward_order):
+        t += times[layer].backward if layer in times else 0.0
+        if layer in bucket_of:
+            ready[bucket_of[layer]] = t
+    for i in range(n):
+        if i not in deferred:
+            link = max(link, ready.get(i, t)) + comm[i]
+    return max(t, link)
+
+
+def choose_defer(plan: Plan, times: list[LayerTime], bandwidth: str | float) -> int:
+    """The number of input-side buckets to defer that gives the shortest simulated step."""
+    bw = parse_bandwidth(bandwidth)
+    by_layer = {t.layer: t for t in times}
+    forward_order = [t.layer for t in times]
+    buckets = sorted(plan.buckets, key=lambda b: b.index)  # backward order
+    sizes = [b.nbytes for b in buckets]
+    layers = [list(b.layers) for b in buckets]
+    for b in buckets:
+        for lay in b.layers:
+            if lay not in by_layer:
+                raise ValueError(f"layer {lay!r} of the plan is not in the profile")
+    costs = [simulate_step(sizes, layers, by_layer, forward_order, k, bw)
+             for k in range(len(buckets) + 1)]
+    return min(range(len(costs)), key=lambda k: (costs[k], k))
+
+
+def profile_layers(model, sample_x, repeats: int = 5) -> list[LayerTime]:
+    """Median forward and backward seconds of each layer of a sequential model on ``sample_x``.
+
+    Variables are named after their layer's name scope, which is what the plan groups by.
+    """
+    import tensorflow as tf
+
+    out: list[LayerTime] = []
+    x = tf.convert_to_tensor(sample_x)
+    kept = [v.numpy() for v in model.non_trainable_variables]  # BN statistics move in training
+    for layer in model.layers:
+        fwd = tf.function(lambda inp, layer=layer: layer(inp, training=True))
+
+        def bwd(inp, layer=layer):
+            with tf.GradientTape() as tape:
+                tape.watch(inp)
+                y = layer(inp, training=True)
+            return tape.gradient(y, [inp] + layer.trainable_variables)
+
+        bwd = tf.function(bwd)
+        y = fwd(x)
+        bwd(x)  # trace
+        f, b = [], []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            fwd(x).numpy()
+            t1 = time.perf_counter()
+            [g.numpy() for g in bwd(x) if g is not None]
+            t2 = time.perf_counter()
+            f.append(t1 - t0)
+            b.append(max(t2 - t1 - (t1 - t0), 0.0))  # the tape replays the forward
+        name = layer.trainable_variables[0].name.rsplit("/", 1)[0] if layer.trainable_variables \
+            else layer.name
+        out.append(LayerTime(name, sorted(f)[repeats // 2], sorted(b)[repeats // 2]))
+        x = y
+    for v, value in zip(model.non_trainable_variables, kept, strict=True):
+        v.assign(value)
+    return out
+
+
+def hybrid_defer(model, sample_x, bandwidth: str | float,
+                 bucket_bytes: int | None = None, repeats: int = 5) -> int:
+    """Profile ``model`` on ``sample_x`` and return the ``defer`` for ``strategy="hybrid"``:
+    ``DistributedOptimizer(opt, strategy="hybrid", defer=hybrid_defer(model, x, "1gbit"))``.
+
+    Run it on every rank with the same arguments only if the result cannot differ, or run it
+    on rank 0 and broadcast the number: every rank must use the same plan.
+    """
+    from hvd_overlap.plan import DEFAULT_BUCKET_BYTES, build_layerwise_plan
+    from hvd_overlap.reducer import var_specs
+
+    plan = build_layerwise_plan(var_specs(model.trainable_variables),
+                                bucket_bytes or DEFAULT_BUCKET_BYTES)
+    return choose_defer(plan, profile_layers(model, sample_x, repeats), bandwidth)

@@ -175,10 +175,13 @@ def train_loop(model_name: str, opt_name: str, wrap, tape_wrap=None,
     return Result(model)
 
 
-def assert_weights_close(actual: Result, expected: Result, rtol=1e-5, atol=1e-6):
-    """Every weight (BN statistics included) equal to fp32 tolerance."""
+def assert_weights_close(actual: Result, expected: Result, rtol=1e-5, atol=1e-6,
+                         trainable_only: bool = False):
+    """Every weight (BN statistics included, unless ``trainable_only``) equal to fp32 tolerance."""
+    pairs = (zip(actual.trainable, expected.trainable, strict=True) if trainable_only
+             else zip(actual.weights, expected.weights, strict=True))
     assert len(actual.weights) == len(expected.weights)
-    for i, (a, e) in enumerate(zip(actual.weights, expected.weights, strict=True)):
+    for i, (a, e) in enumerate(pairs):
         np.testing.assert_allclose(a, e, rtol=rtol, atol=atol, err_msg=f"weight {i}")
 
 

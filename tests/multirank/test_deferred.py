@@ -108,7 +108,9 @@ def test_checkpoint_resume_equals_uninterrupted_run(strategy):
     train_fit("cnn_bn", "adam", ours(strategy, **SMALL), epochs=2, callbacks=[ckpt.callback])
     resumed = train_fit("cnn_bn", "adam", ours(strategy, **SMALL), epochs=4, initial_epoch=2,
                         restore=ckpt.path)
-    assert_weights_close(resumed, whole)
+    # Trainable weights: on resume, Horovod's broadcast gives every rank rank 0's BatchNorm
+    # statistics (as with stock Horovod), so only rank 0's statistics match the whole run.
+    assert_weights_close(resumed, whole, trainable_only=hvd.rank() != 0)
     # ...and the comparison can fail: resuming from an epoch-1 state ends elsewhere.
     assert max_abs_diff(resumed, train_fit("cnn_bn", "adam", ours(strategy, **SMALL),
                                            epochs=3)) > 1e-4

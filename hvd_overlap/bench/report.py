@@ -1,0 +1,117 @@
+"""From raw step times (``worker.run``) to the numbers, the table, the JSON and the plot.
+
+Per strategy: ``step_time_s`` is the median over rounds of the mean timed step (slowest rank);
+``samples_per_sec`` = global batch / step time; ``ratio_to_horovod`` = horovod's step time /
+this one (> 1 is faster); ``efficiency`` = compute-only (``local``) step time / this one.
+``bytes_per_step`` is the gradient bytes reduced per step: the sum of the model's trainable
+variable sizes (0 for ``local``); a ring allreduce sends ``2 (P-1)/P`` times that per rank,
+given as ``wire_bytes_per_rank``. ``wire_s`` is the time the gradient collectives really spent on
+the wire per step (from a Horovod timeline) and ``hidden`` = 1 - (step time - local step time) /
+``wire_s``: the fraction of that communication time hidden behind compute.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+from hvd_overlap.bench.config import LOCAL
+
+Summary = dict[str, dict[str, Any]]
+
+
+def summarize(raw: dict[str, Any]) -> Summary:
+    """The per-strategy numbers, keyed by strategy, in the order measured."""
+    steps = {s: statistics.median(t) for s, t in raw["step_times"].items()}
+    ranks, grad = raw["ranks"], raw["grad_bytes"]
+    out: Summary = {}
+    for s, t in steps.items():
+        sent = 0 if s == LOCAL else grad
+        out[s] = {
+            "samples_per_sec": raw["global_batch"] / t,
+            "step_time_s": t,
+            "ratio_to_horovod": steps["horovod"] / t if "horovod" in steps else None,
+            "efficiency": steps[LOCAL] / t if LOCAL in steps else None,
+            "bytes_per_step": sent,
+            "wire_bytes_per_rank": round(sent * 2 * (ranks - 1) / ranks),
+            "round_step_times_s": list(raw["step_times"][s]),
+            "wire_s": raw.get("wire_time_per_step_s", {}).get(s),
+            "hidden": hidden_fraction(t, steps.get(LOCAL), raw.get(
+                "wire_time_per_step_s", {}).get(s)),
+        }
+    return out
+
+
+def hidden_fraction(step: float, local: float | None, wire: float | None) -> float | None:
+    """Share of the wire time not added to the step: 1 - exposed / wire, clamped to [0, 1]."""
+    if local is None or not wire:
+        return None
+    return min(max(1.0 - (step - local) / wire, 0.0), 1.0)
+
+
+def _num(x: float | None, fmt: str) -> str:
+    return "-" if x is None else format(x, fmt)
+
+
+def headline(raw: dict[str, Any]) -> str:
+    """One line saying what was measured."""
+    c = raw["config"]
+    return (f"{c['model']}{' (tiny)' if c.get('tiny') else ''}: {raw['params'] / 1e6:.2f} M "
+            f"params, {raw['grad_bytes'] / 2**20:.1f} MiB of gradients; {raw['ranks']} ranks x "
+            f"{c['batch_size']}/rank, net {c['net']}, {'pinned' if raw['pinned'] else 'unpinned'};"
+            f" {c['rounds']} interleaved rounds x {c['steps']} timed steps "
+            f"({c['warmup']} warm-up excluded); median over rounds"
+            + (f"; host load {raw['load_avg_1min']:.1f} at the end" if "load_avg_1min" in raw
+               else ""))
+
+
+def format_table(summary: Summary) -> str:
+    """Fixed-width table, one row per strategy."""
+    lines = [f"{'strategy':<10} {'samples/s':>10} {'step ms':>9} {'vs horovod':>10} "
+             f"{'efficiency':>10} {'MiB/step':>9} {'wire ms':>8} {'hidden':>7}"]
+    for s, m in summary.items():
+        wire = m.get("wire_s")
+        lines.append(f"{s:<10} {m['samples_per_sec']:>10.1f} {m['step_time_s'] * 1e3:>9.1f} "
+                     f"{_num(m['ratio_to_horovod'], '.3f'):>9}x "
+                     f"{_num(m['efficiency'], '.2f'):>10} {m['bytes_per_step'] / 2**20:>9.1f} "
+                     f"{_num(wire * 1e3 if wire else None, '.1f'):>8} "
+                     f"{_num(m.get('hidden'), '.0%'):>7}")
+    lines.append("vs horovod: horovod's step time / this; efficiency: local (no communication) "
+                 "step time / this; MiB/step: gradient bytes reduced per step; wire ms: time the "
+                 "collectives spent on the wire per step (Horovod timeline); hidden: 1 - (step - "
+                 "local step) / wire")
+    return "\n".join(lines)
+
+
+def write_json(path: str | Path, raw: dict[str, Any], summary: Summary) -> None:
+    """``{"strategies": {name: numbers}, "raw": ...}``."""
+    Path(path).write_text(json.dumps({"strategies": summary, "raw": raw}, indent=2))
+
+
+def plot(path: str | Path, panels: dict[str, Summary]) -> None:
+    """One bar panel per setting: samples/s per strategy, labelled with the ratio to horovod."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.6), squeeze=False)
+    for ax, (title, summary) in zip(axes[0], panels.items(), strict=True):
+        names = list(summary)
+        values = [summary[s]["samples_per_sec"] for s in names]
+        colors = ["0.6" if s == LOCAL else f"C{i}" for i, s in enumerate(names)]
+        bars = ax.bar(names, values, color=colors)
+        for bar, s in zip(bars, names, strict=True):
+            ratio = summary[s]["ratio_to_horovod"]
+            if ratio is not None:
+                ax.annotate(f"{ratio:.2f}x", (bar.get_x() + bar.get_width() / 2,
+                                               bar.get_height()), ha="center", va="bottom")
+        ax.set_title(title, fontsize=10)
+        ax.set_ylabel("samples/s")
+        ax.tick_params(axis="x", rotation=30)
+        ax.margins(y=0.15)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,56 @@
+"""The docs table over several bench runs (``scripts/bench-results``):
+
+    python -m hvd_overlap.bench.results OUT.md OUT.png RUN.json [RUN.json ...]
+
+Each RUN.json is a ``hvd-overlap bench --json`` file; its ``command`` key (added by the script)
+is quoted in OUT.md so every number can be regenerated.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from hvd_overlap.bench import report
+
+
+def _label(raw: dict[str, Any]) -> str:
+    c = raw["config"]
+    return f"{c['model']}, net {c['net']}, {c['batch_size']}/rank"
+
+
+def markdown(runs: list[dict[str, Any]]) -> str:
+    """A model x network x strategy table, then how each run was made."""
+    lines = ["# Benchmark: every strategy on the same model, data and network", "",
+             "Regenerate with `scripts/bench-results` (2 local ranks, each pinned to its own "
+             "core; `local` is the same training without communication, the compute-only "
+             "bound). The 1gbit rows run in a network namespace whose loopback is shaped with "
+             "`tc ... tbf rate 1gbit burst 256kb latency 20ms`.", "",
+             "| model | network | strategy | samples/s | step ms | vs horovod | efficiency |",
+             "|---|---|---|---|---|---|---|"]
+    for run in runs:
+        c = run["raw"]["config"]
+        for s, m in run["strategies"].items():
+            ratio, eff = m["ratio_to_horovod"], m["efficiency"]
+            lines.append(
+                f"| {c['model']} | {c['net']} | {s} | {m['samples_per_sec']:.1f} | "
+                f"{m['step_time_s'] * 1e3:.0f} | {'-' if ratio is None else f'{ratio:.2f}x'} | "
+                f"{'-' if eff is None else f'{eff:.2f}'} |")
+    lines += ["", "vs horovod: stock Horovod's step time / this one (> 1 is faster); efficiency: "
+              "compute-only (`local`, no communication) step time / this one.", "", "Runs:", ""]
+    for run in runs:
+        lines += [f"- {report.headline(run['raw'])}", f"  `{run.get('command', '?')}`"]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str]) -> None:
+    md_path, png_path, *paths = argv
+    runs = [json.loads(Path(p).read_text()) for p in paths]
+    Path(md_path).write_text(markdown(runs))
+    report.plot(png_path, {_label(r["raw"]): r["strategies"] for r in runs})
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -28,18 +28,25 @@ def markdown(runs: list[dict[str, Any]]) -> str:
              "core; `local` is the same training without communication, the compute-only "
              "bound). The 1gbit rows run in a network namespace whose loopback is shaped with "
              "`tc ... tbf rate 1gbit burst 256kb latency 20ms`.", "",
-             "| model | network | strategy | samples/s | step ms | vs horovod | efficiency |",
-             "|---|---|---|---|---|---|---|"]
+             "| model | network | strategy | samples/s | step ms | vs horovod | efficiency "
+             "| wire ms | hidden |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for run in runs:
         c = run["raw"]["config"]
         for s, m in run["strategies"].items():
             ratio, eff = m["ratio_to_horovod"], m["efficiency"]
+            wire, hidden = m.get("wire_s"), m.get("hidden")
             lines.append(
                 f"| {c['model']} | {c['net']} | {s} | {m['samples_per_sec']:.1f} | "
                 f"{m['step_time_s'] * 1e3:.0f} | {'-' if ratio is None else f'{ratio:.2f}x'} | "
-                f"{'-' if eff is None else f'{eff:.2f}'} |")
+                f"{'-' if eff is None else f'{eff:.2f}'} | "
+                f"{'-' if not wire else f'{wire * 1e3:.0f}'} | "
+                f"{'-' if hidden is None else f'{hidden:.0%}'} |")
     lines += ["", "vs horovod: stock Horovod's step time / this one (> 1 is faster); efficiency: "
-              "compute-only (`local`, no communication) step time / this one.", "", "Runs:", ""]
+              "compute-only (`local`, no communication) step time / this one; wire ms: time the "
+              "gradient collectives spent on the wire per step (Horovod timeline, one extra run "
+              "per strategy); hidden: 1 - (step - local step) / wire, the share of that time "
+              "hidden behind compute.", "", "Runs:", ""]
     for run in runs:
         lines += [f"- {report.headline(run['raw'])}", f"  `{run.get('command', '?')}`"]
     return "\n".join(lines) + "\n"

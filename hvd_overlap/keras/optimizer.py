@@ -258,7 +258,7 @@ def DistributedOptimizer(  # noqa: N802 -- same name as Horovod's factory
     optimizer,
     strategy: str = "layerwise",
     bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-    ordered: bool = True,
+    ordered: bool = False,
     defer: int | None = None,
     name: str | None = None,
     device_dense: str = "",
@@ -278,7 +278,8 @@ def DistributedOptimizer(  # noqa: N802 -- same name as Horovod's factory
 
     Same keywords and defaults as ``horovod.tensorflow.keras.DistributedOptimizer``, plus
     ``strategy`` ("layerwise" or "horovod"), ``bucket_bytes`` (the byte budget of a bucket) and
-    ``ordered`` (each bucket's collective waits for the previous one, so they go out in plan order)
+    ``ordered`` (each backprop bucket's collective waits for the previous one, so they go out in
+    plan order; off by default: measured slower, see README)
     and ``defer`` (hybrid: how many input-side buckets to defer into the next forward).
     ``num_groups``/``groups`` apply to ``strategy="horovod"`` only (the plan replaces them);
     ``process_set`` must be the global one; ``scale_local_gradients`` is accepted for

@@ -26,7 +26,7 @@ class CommSettings:
     device_dense: str = ""
     device_sparse: str = ""
     bucket_bytes: int = 0
-    ordered: bool = True
+    ordered: bool = False
     defer: int | None = None  # hybrid: input-side buckets deferred (None: half the bytes)
     groups: Any = None
 

@@ -5,6 +5,8 @@ TensorFlow starts it while backprop of the layers below is still running (overla
 Readiness alone does not fix the order (two ranks may finish gradients in different orders, and
 Horovod runs whichever is ready on all ranks first), so with ``ordered=True`` each bucket's
 collective also waits for the previous bucket's: the buckets go out one by one in plan order.
+That costs time when one gradient is late (it holds back every later bucket), so it is off by
+default; the deferred phase is always issued in forward order.
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ def record(strategy: str):
     tf.keras.utils.set_random_seed(0)
     net = model()
     opt = hvdo.DistributedOptimizer(tf.keras.optimizers.SGD(0.01), strategy=strategy,
-                                    bucket_bytes=64 * 1024)
+                                    bucket_bytes=64 * 1024, ordered=True)
     loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     rng = np.random.default_rng(hvd.rank())
     x = tf.constant(rng.normal(size=(32, 32, 32, 3)).astype("float32"))

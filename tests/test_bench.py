@@ -51,7 +51,12 @@ def test_table_json_and_plot(tmp_path):
     s = report.summarize(RAW)
     rows = report.format_table(s).splitlines()
     assert rows[0].split()[:2] == ["strategy", "samples/s"]
-    assert rows[2].split() == ["layerwise", "213.3", "600.0", "1.333x", "0.67", "24.4"]
+    # no timeline in RAW: wire time and hidden share are "-"
+    assert rows[2].split() == ["layerwise", "213.3", "600.0", "1.333x", "0.67", "24.4", "-", "-"]
+    with_wire = report.summarize({**RAW, "wire_time_per_step_s": {"layerwise": 0.4}})
+    # local 400 ms, layerwise 600 ms: 200 ms of the 400 ms on the wire exposed -> half hidden
+    assert with_wire["layerwise"]["hidden"] == pytest.approx(0.5)
+    assert with_wire["layerwise"]["wire_s"] == 0.4
     assert "6.40 M params" in report.headline(RAW)
     report.write_json(tmp_path / "b.json", RAW, s)
     data = json.loads((tmp_path / "b.json").read_text())["strategies"]

@@ -22,6 +22,7 @@ class Deferral:
 
     def __init__(self) -> None:
         self.plan: Plan | None = None
+        self.variables: list[tf.Variable] = []  # the variable list the plan indexes
         self.buffers: dict[int, tf.Variable] = {}  # variable index in the plan -> buffer
         self.pending: tf.Variable | None = None
         self.needs_retrace = False
@@ -47,4 +48,5 @@ class Deferral:
                             tf.zeros(var.shape, var.dtype), trainable=False,
                             name="hvd_overlap_grad_" + v.name.split(":")[0].replace("/", "_"))
         self.plan = plan
+        self.variables = list(variables)
         self.needs_retrace = True

@@ -38,7 +38,6 @@ class _State:
         self.accumulators: dict[Any, tf.Variable] = {}
         self.counter: tf.Variable | None = None
         self.deferral = Deferral()
-        self.deferred_vars: list = []
 
 
 class _DistributedMixin:
@@ -94,7 +93,7 @@ class _DistributedMixin:
             return  # nothing traced yet, so nothing can be pending in this graph
         forward = d.plan.phase_buckets(FORWARD)
         strategy = self._hvdo.reducer.strategy
-        variables = self._hvdo.deferred_vars
+        variables = d.variables
         previous: list = []
         for k, bucket in enumerate(forward):
             last = k == len(forward) - 1
@@ -116,7 +115,7 @@ class _DistributedMixin:
         d.pending.assign(False)
 
     def flush(self) -> None:
-        """Apply any pending deferred update now (eagerly). Call it on every rank before anyone
+        """Apply any pending deferred update now. Call it on every rank before anyone
         looks at the weights: evaluate, predict, save, checkpoint, end of training.
         ``OverlapCallback`` does so in ``model.fit``."""
         d = self._hvdo.deferral
@@ -153,7 +152,6 @@ class _DistributedMixin:
             # First trace: the plan was unknown when the pre-forward phase was traced, so this
             # graph reduces every bucket now (exact); the next trace defers (retrace requested).
             d.create(plan, variables)
-            self._hvdo.deferred_vars = list(variables)
             reduced = self._hvdo.reducer.strategy.reduce(
                 grads, variables, plan, phases=(BACKWARD, FORWARD))
             return super().apply_gradients(

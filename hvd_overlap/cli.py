@@ -6,6 +6,7 @@ import click
 
 from hvd_overlap.bench.config import MODEL_NAMES, BenchConfig
 from hvd_overlap.plan import DEFAULT_BUCKET_BYTES
+from hvd_overlap.simulate import STRATEGIES as SIM_STRATEGIES
 
 
 @click.group()
@@ -115,3 +116,216 @@ def bench(model: str, np_: int, batch_size: int, steps: int, warmup: int, rounds
         report.write_json(json_path, raw, summary)
     if plot_path:
         report.plot(plot_path, {f"{model}, net {net}, {batch_size}/rank": summary})
+
+
+def _load_model(spec: str, image_size: int):
+    """A bench model, a ``tf.keras.applications`` one, or ``module:function`` returning one."""
+    import importlib
+
+    from hvd_overlap.flops import APPLICATIONS, build_application
+    from hvd_overlap.models import MODELS, build_model
+
+    if spec in MODELS:
+        return build_model(spec)
+    if spec in APPLICATIONS:
+        return build_application(spec, image_size)
+    if ":" not in spec:
+        raise click.UsageError(f"MODEL {spec!r}: a bench model ({', '.join(MODELS)}), an "
+                               f"application ({', '.join(APPLICATIONS)}) or module:function")
+    module, func = spec.split(":", 1)
+    return getattr(importlib.import_module(module), func)()
+
+
+@main.command()
+@click.argument("model_spec", metavar="MODEL")
+@click.option("--batch-size", type=int, default=64, show_default=True, help="per rank")
+@click.option("--device-tflops", type=float,
+              help="derive compute from FLOPs at this rate (TFLOP/s) instead of measuring here")
+@click.option("--image-size", type=int, default=224, show_default=True,
+              help="input size of the applications (resnet50, resnet101, vgg16)")
+@click.option("--repeats", type=int, default=5, show_default=True, help="steps per median")
+@click.option("-o", "--out", "out_path", type=click.Path(dir_okay=False), required=True,
+              help="profile JSON to write")
+def profile(model_spec: str, batch_size: int, device_tflops: float | None, image_size: int,
+            repeats: int, out_path: str) -> None:
+    """Per-layer forward/backward seconds and gradient bytes of MODEL, in forward order.
+
+    MODEL is a bench model (vgg, resnet20, mlp), resnet50 / resnet101 / vgg16 (224x224,
+    random weights), or module:function returning a Keras model. Without --device-tflops the
+    times are measured on this host (run it as the ranks run: pinned, e.g. `taskset -c 0`,
+    with TF_NUM_INTRAOP_THREADS / TF_NUM_INTEROP_THREADS set).
+    """
+    import os
+
+    import numpy as np
+
+    model = _load_model(model_spec, image_size)
+    name = model_spec.rsplit(":", 1)[-1]
+    if device_tflops is not None:
+        from hvd_overlap.flops import flops_profile
+
+        prof = flops_profile(model, batch_size, device_tflops, name)
+    else:
+        from hvd_overlap.profile import measured_profile
+
+        shape = (batch_size, *model.input_shape[1:])
+        x = np.random.default_rng(0).random(shape, dtype=np.float32)
+        prof = measured_profile(model, x, repeats, name)
+        prof.meta["conditions"] = {
+            "cores": sorted(os.sched_getaffinity(0)), **{k: os.environ.get(k) for k in (
+                "TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS")}}
+    prof.save(out_path)
+    click.echo(f"{prof.model}: {len(prof.layers)} layers, {prof.grad_bytes / 2**20:.1f} MiB of "
+               f"gradients, compute {prof.compute_s * 1e3:.1f} ms/step at batch "
+               f"{prof.batch_size} ({prof.meta['source']}) -> {out_path}")
+
+
+@main.command()
+@click.argument("profile_paths", metavar="[PROFILE]...", nargs=-1)
+@click.option("--np", "np_", default="2-4096", show_default=True,
+              help="rank counts: 64, 2,8,64, or a power-of-two range 2-4096")
+@click.option("--bandwidth", default="25gbit", show_default=True,
+              help="per-rank link: 10gbit, 100gbit, or bytes/s")
+@click.option("--latency", default="10us", show_default=True, help="per ring hop")
+@click.option("--strategies", default=",".join(SIM_STRATEGIES), show_default=True)
+@click.option("--cycle-ms", type=float, default=1.0, show_default=True,
+              help="HOROVOD_CYCLE_TIME")
+@click.option("--negotiation-ms", type=float,
+              help="per-cycle coordination at 2 ranks [default: measured here]")
+@click.option("--negotiation-growth", type=click.Choice(["log2", "linear", "none"]),
+              default="log2", show_default=True, help="how coordination grows with ranks")
+@click.option("--tensor-us", type=float, help="cost per tensor [default: measured here]")
+@click.option("--cpu-steal", type=float, default=0.0, show_default=True,
+              help="share of compute lost while a transfer runs (0 on GPUs)")
+@click.option("--comm-slowdown", type=float, default=1.0, show_default=True,
+              help="transfers take this much longer while compute runs (1 on GPUs)")
+@click.option("--fusion-mb", type=float, default=128, show_default=True,
+              help="HOROVOD_FUSION_THRESHOLD (MiB)")
+@click.option("--bucket-mb", type=float, default=4, show_default=True, help="plan bucket_bytes")
+@click.option("--device-tflops", type=float,
+              help="re-time FLOPs profiles at this rate (TFLOP/s)")
+@click.option("--published", "published", multiple=True, type=float,
+              help="a published efficiency at the largest --np, one per PROFILE (plot star)")
+@click.option("--validate", is_flag=True,
+              help="the arguments are bench JSON files (`hvd-overlap bench --json`): print "
+                   "predicted vs measured step times instead")
+@click.option("--markdown", "md_path", type=click.Path(dir_okay=False),
+              help="also write a markdown table here (validation, or efficiency per ranks)")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="write results")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False),
+              help="efficiency against ranks, one panel per PROFILE (.png)")
+def simulate(profile_paths: tuple[str, ...], np_: str, bandwidth: str, latency: str,
+             strategies: str, cycle_ms: float, negotiation_ms: float | None,
+             negotiation_growth: str, tensor_us: float | None, cpu_steal: float,
+             comm_slowdown: float, fusion_mb: float, bucket_mb: float,
+             device_tflops: float | None, published: tuple[float, ...], validate: bool,
+             md_path: str | None, json_path: str | None, plot_path: str | None) -> None:
+    """Predict the step time of each strategy on a cluster from PROFILEs (files from
+    `hvd-overlap profile`, or shipped ones: resnet50, resnet101, vgg16, ...).
+
+    With --validate, compare with benchmark runs instead:
+    `hvd-overlap simulate --validate docs/bench_*.json`.
+    """
+    import json
+    from pathlib import Path
+
+    from hvd_overlap import scaling
+    from hvd_overlap import simulate as sim
+
+    if validate:
+        if not profile_paths:
+            raise click.UsageError("--validate: give bench JSON files (hvd-overlap bench --json)")
+        try:
+            table, checks = scaling.validation_markdown(profile_paths)
+        except (ValueError, FileNotFoundError, KeyError) as e:
+            raise click.ClickException(f"cannot validate: {e}") from None
+        click.echo(table)
+        if md_path:
+            Path(md_path).write_text(table)
+        if json_path:
+            Path(json_path).write_text(json.dumps([{**c.__dict__, "error": c.error}
+                                                   for c in checks], indent=1))
+        if plot_path:
+            scaling.plot_validation(plot_path, checks)
+        return
+    if not profile_paths:
+        raise click.UsageError(f"give a PROFILE (shipped: {', '.join(sim.shipped_profiles())}) "
+                               "or --validate BENCH.json")
+    if published and len(published) != len(profile_paths):
+        raise click.UsageError("--published: one value per PROFILE")
+    try:
+        cluster = scaling.cluster_from_options(
+            2, bandwidth, latency, cycle_s=cycle_ms * 1e-3,
+            negotiation_s=None if negotiation_ms is None else negotiation_ms * 1e-3,
+            negotiation_growth=negotiation_growth,
+            tensor_s=None if tensor_us is None else tensor_us * 1e-6, cpu_steal=cpu_steal,
+            comm_slowdown=comm_slowdown, fusion_bytes=int(fusion_mb * 2**20),
+            bucket_bytes=int(bucket_mb * 2**20))
+        names = [s.strip() for s in strategies.split(",") if s.strip()]
+        ranks = scaling.parse_ranks(np_)
+        runs = {}
+        for path in profile_paths:
+            prof = sim.load_profile(path)
+            if device_tflops is not None:
+                if not prof.meta.get("device_tflops"):
+                    raise ValueError(f"{path}: --device-tflops re-times FLOPs profiles only "
+                                     "(`hvd-overlap profile --device-tflops`)")
+                prof = prof.scaled(prof.meta["device_tflops"] / device_tflops)
+            runs[path] = (prof, sim.sweep(prof, cluster, ranks, names))
+    except (ValueError, FileNotFoundError) as e:
+        raise click.UsageError(str(e)) from None
+    click.echo(f"link {bandwidth}/rank, latency {latency}/hop, cycle {cycle_ms} ms, fusion "
+               f"{fusion_mb:g} MiB, negotiation {cluster.negotiation_s * 1e3:.3f} ms x "
+               f"{negotiation_growth}(P), {cluster.tensor_s * 1e6:.0f} us/tensor, cpu steal "
+               f"{cpu_steal}, comm slowdown {comm_slowdown}")
+    for prof, results in runs.values():
+        click.echo(f"\n{prof.model}: batch {prof.batch_size}/rank, "
+                   f"{prof.grad_bytes / 2**20:.1f} MiB of gradients, compute "
+                   f"{prof.compute_s * 1e3:.1f} ms/step")
+        click.echo(scaling.format_results(results))
+    titles = {p: f"{prof.model} (b{prof.batch_size}), {bandwidth}"
+              for p, (prof, _) in runs.items()}
+    if md_path:
+        Path(md_path).write_text(scaling.efficiency_markdown(
+            {titles[p]: res for p, (_, res) in runs.items()}))
+    if json_path:
+        Path(json_path).write_text(json.dumps(
+            {"cluster": cluster.__dict__, "profiles": {
+                p: {"model": prof.model, "batch_size": prof.batch_size,
+                    "compute_s": prof.compute_s, "results": [r.to_dict() for r in results]}
+                for p, (prof, results) in runs.items()}}, indent=1))
+    if plot_path:
+        scaling.plot_scaling(plot_path, {titles[p]: res for p, (_, res) in runs.items()},
+                             dict(zip(titles.values(), published, strict=False)))
+
+
+@main.command()
+@click.option("--net", "nets", multiple=True, default=("plain",), show_default=True,
+              help="plain, or an emulated rate such as 1gbit (root); repeat for several")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), required=True)
+@click.option("--timeout", type=float, default=600, show_default=True)
+def calibrate(nets: tuple[str, ...], json_path: str, timeout: float) -> None:
+    """Measure Horovod's per-collective costs here (2 local ranks, Gloo, pinned): the
+    simulator's negotiation, per-tensor cost, bandwidth and CPU steal for each network."""
+    import json
+    from pathlib import Path
+
+    from hvd_overlap import calibrate as cal
+    from hvd_overlap.bench.launch import BenchError
+    from hvd_overlap.scaling import OVERHEADS_FORMAT
+
+    out: dict[str, dict] = {}
+    for net in nets:
+        try:
+            out[net] = cal.calibrate(net, timeout)
+        except (BenchError, RuntimeError, ValueError) as e:
+            raise click.ClickException(str(e)) from None
+        f = out[net]["fit"]
+        click.echo(f"{net}: overhead {f['overhead_s'] * 1e3:.3f} ms, cycle period "
+                   f"{f['cycle_period_s'] * 1e3:.3f} ms, bandwidth {f['bandwidth'] / 1e6:.0f} "
+                   f"MB/s, {f['tensor_s'] * 1e6:.0f} us/tensor, cpu steal "
+                   f"{f['cpu_steal']:.2f}, comm slowdown {f['comm_slowdown']:.2f}")
+    Path(json_path).write_text(json.dumps({
+        "format": OVERHEADS_FORMAT, "what": "2 local ranks, Horovod over Gloo, pinned; see "
+        "hvd_overlap/calibrate.py", "command": "hvd-overlap calibrate "
+        + " ".join(f"--net {n}" for n in nets) + f" --json {json_path}", "nets": out}, indent=1))

@@ -91,24 +91,39 @@ def choose_defer(plan: Plan, times: list[LayerTime], bandwidth: str | float) -> 
     return min(range(len(costs)), key=lambda k: (costs[k], k))
 
 
-def profile_layers(model, sample_x, repeats: int = 5) -> list[LayerTime]:
-    """Median forward and backward seconds of each layer of a sequential model on ``sample_x``.
+def _profiled_layers(model) -> list:
+    """The layers ``profile_layers`` times, in forward order (no ``InputLayer``)."""
+    import tensorflow as tf
 
-    Variables are named after their layer's name scope, which is what the plan groups by.
+    return [la for la in model.layers if not isinstance(la, tf.keras.layers.InputLayer)]
+
+
+def profile_layers(model, sample_x, repeats: int = 5) -> list[LayerTime]:
+    """Median forward and backward seconds of each layer of ``model`` on ``sample_x``.
+
+    A ``Sequential`` model feeds each layer the previous one's output; any other Keras model
+    (ResNet-style branches) is run once to read every layer's real input. Variables are named
+    after their layer's name scope, which is what the plan groups by.
     """
     import tensorflow as tf
 
     out: list[LayerTime] = []
     x = tf.convert_to_tensor(sample_x)
     kept = [v.numpy() for v in model.non_trainable_variables]  # BN statistics move in training
-    for layer in model.layers:
+    layers = _profiled_layers(model)
+    feed = None
+    if not isinstance(model, tf.keras.Sequential):
+        feed = tf.keras.Model(model.inputs, [la.input for la in layers])(x, training=False)
+    for j, layer in enumerate(layers):
+        if feed is not None:
+            x = feed[j]
         fwd = tf.function(lambda inp, layer=layer: layer(inp, training=True))
 
         def bwd(inp, layer=layer):
             with tf.GradientTape() as tape:
                 tape.watch(inp)
                 y = layer(inp, training=True)
-            return tape.gradient(y, [inp] + layer.trainable_variables)
+            return tape.gradient(y, tf.nest.flatten(inp) + layer.trainable_variables)
 
         bwd = tf.function(bwd)
         y = fwd(x)
@@ -129,6 +144,63 @@ def profile_layers(model, sample_x, repeats: int = 5) -> list[LayerTime]:
     for v, value in zip(model.non_trainable_variables, kept, strict=True):
         v.assign(value)
     return out
+
+
+def measure_step(model, sample_x, repeats: int = 5) -> tuple[float, float]:
+    """Median seconds of a whole local training step (forward, backward, SGD-momentum update)
+    and of the update alone. The model's weights change."""
+    import tensorflow as tf
+
+    x = tf.convert_to_tensor(sample_x)
+    variables = model.trainable_variables
+    opt = tf.keras.optimizers.SGD(0.01, momentum=0.9)
+
+    @tf.function
+    def grads():
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(model(x, training=True)))
+        return tape.gradient(loss, variables)
+
+    @tf.function
+    def update(gs):
+        opt.apply_gradients(zip(gs, variables, strict=True))
+        return opt.iterations
+
+    @tf.function
+    def step():
+        return update(grads())
+
+    gs = grads()
+    timings: dict[str, list[float]] = {"step": [], "update": []}
+    for _ in range(repeats + 1):
+        for key, fn in (("step", step), ("update", lambda: update(gs))):
+            t0 = time.perf_counter()
+            fn().numpy()
+            timings[key].append(time.perf_counter() - t0)
+    med = {k: sorted(v[1:])[repeats // 2] for k, v in timings.items()}  # first: tracing
+    return med["step"], med["update"]
+
+
+def measured_profile(model, sample_x, repeats: int = 5, name: str | None = None):
+    """A ``hvd_overlap.simulate.Profile`` of ``model`` measured here on ``sample_x``: per-layer
+    forward/backward medians, exact gradient bytes, the update time, the whole step's time."""
+    import numpy as np
+
+    from hvd_overlap.simulate import Layer, Profile
+
+    times = profile_layers(model, sample_x, repeats)
+    step_s, update_s = measure_step(model, sample_x, repeats)
+    layers = []
+    for t, layer in zip(times, _profiled_layers(model), strict=True):
+        ws = layer.trainable_weights
+        layers.append(Layer(t.layer, t.forward, t.backward,
+                            sum(int(np.prod(v.shape)) * v.dtype.size for v in ws),
+                            ws[0].dtype.name if ws else "float32", len(ws)))
+    profile = Profile(model=name or model.name, batch_size=int(np.shape(sample_x)[0]),
+                      layers=tuple(layers), update_s=update_s)
+    profile.meta.update({"source": "measured", "step_s": step_s,
+                         "layer_sum_s": profile.compute_s, "repeats": repeats})
+    return profile
 
 
 def hybrid_defer(model, sample_x, bandwidth: str | float,

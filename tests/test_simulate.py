@@ -1,0 +1,234 @@
+"""The step-time simulator: ring costs, overlap, cycles and fusion, CPU steal, P scaling, the
+shipped profiles, FLOPs counting, and the `profile` / `simulate` commands."""
+
+import json
+
+import pytest
+import tensorflow as tf
+from click.testing import CliRunner
+
+from hvd_overlap.cli import main
+from hvd_overlap.flops import layer_flops
+from hvd_overlap.plan import VarSpec, build_layerwise_plan
+from hvd_overlap.scaling import parse_duration, parse_ranks, validation_markdown
+from hvd_overlap.simulate import (
+    STRATEGIES,
+    Cluster,
+    Layer,
+    Profile,
+    buckets_of,
+    default_defer,
+    load_profile,
+    simulate,
+)
+
+# Two layers a -> b, 100 B of gradient each; 100 B/s: an allreduce of 100 B at P=2 takes 1 s.
+TWO = Profile("two", 1, (Layer("a", 1.0, 2.0, 100, tensors=1),
+                         Layer("b", 1.0, 2.0, 100, tensors=1)))
+
+
+def cluster(**kw) -> Cluster:
+    return Cluster(**{"ranks": 2, "bandwidth": 100.0, "cycle_s": 0.0, **kw})
+
+
+def step(profile: Profile, strategy: str, **kw) -> float:
+    return simulate(profile, strategy, cluster(**kw)).step_s
+
+
+def test_ring_costs_by_hand():
+    c = Cluster(ranks=4, bandwidth=100.0, latency=0.5)
+    assert c.allreduce(100) == pytest.approx(2 * 3 / 4 * 1 + 2 * 3 * 0.5)   # 4.5
+    assert c.reduce_scatter(100) == c.allgather(100) == pytest.approx(2.25)
+    assert c.wire_bytes("allreduce", 100) == 150
+    assert c.wire_bytes("reduce_scatter", 100) + c.wire_bytes("allgather", 100) == 150
+    neg = {g: Cluster(8, 1.0, negotiation_s=0.1, negotiation_growth=g).negotiation()
+           for g in ("log2", "linear", "none")}
+    assert neg == pytest.approx({"log2": 0.3, "linear": 0.7, "none": 0.1})
+    assert Cluster(1, 1.0, negotiation_s=0.1).negotiation() == 0
+
+
+def test_one_bucket_after_compute():
+    one = Profile("one", 1, (Layer("a", 1.0, 2.0, 100, tensors=1),))
+    for s in STRATEGIES:  # nothing to overlap with: compute 3 s + one allreduce of 1 s
+        assert step(one, s) == pytest.approx(4.0), s
+
+
+def test_overlap_by_hand():
+    # horovod: fwd 0-2; b's gradient at 4 -> sent 4-5 under a's backward; a's at 6 -> 6-7
+    assert step(TWO, "horovod") == pytest.approx(7.0)
+    # layerwise, one 200 B bucket (4 MiB budget): ready at 6, sent 6-8
+    assert step(TWO, "layerwise") == pytest.approx(8.0)
+    # deferred, one bucket: arrives at 2, forward 2-4, backward 4-8
+    assert step(TWO, "deferred") == pytest.approx(8.0)
+    # 100 B buckets: layerwise overlaps like horovod; deferred sends a 0-1, b 1-2, forward
+    # a 1-2, b 2-3, backward 3-7; hybrid defers a (half the bytes) and sends b under a's bwd
+    for s in ("layerwise", "deferred", "hybrid"):
+        assert step(TWO, s, bucket_bytes=100) == pytest.approx(7.0), s
+    # sharded: all-gathers 0-0.5 (a), 0.5-1 (b); forward 0.5-2.5; reduce-scatter of b 4.5-5,
+    # of a 6.5-7 -> 7
+    assert step(TWO, "sharded", bucket_bytes=100) == pytest.approx(7.0)
+
+
+def test_cycles_and_negotiation():
+    # cycles every 0.5 s, 0.1 s negotiation: b ready at 4.0 (a cycle starts then): 4.1-5.1;
+    # next cycles at 5.1, 5.6, 6.1 -> a 6.2-7.2
+    assert step(TWO, "horovod", cycle_s=0.5, negotiation_s=0.1) == pytest.approx(7.2)
+
+
+# Four layers whose gradients all appear within one cycle: Horovod fuses them.
+FOUR = Profile("four", 1, tuple(Layer(f"l{i}", 0.0, 0.1, 10, tensors=1) for i in range(4)))
+
+
+def test_cycle_fusion():
+    kw = {"bandwidth": 1000.0, "cycle_s": 1.0, "bucket_bytes": 10}
+    r = simulate(FOUR, "horovod", cluster(**kw))
+    assert (r.collectives, r.step_s) == (1, pytest.approx(1.04))  # one cycle at 1.0, one op
+    r = simulate(FOUR, "horovod", cluster(fusion_bytes=20, **kw))
+    assert (r.collectives, r.step_s) == (2, pytest.approx(1.04))  # threshold: two buffers
+    r = simulate(FOUR, "layerwise", cluster(negotiation_s=0.05, **kw))
+    assert (r.collectives, r.step_s) == (4, pytest.approx(1.09))  # one negotiation, 4 ops
+    # deferred buckets are chained in forward order: each waits for the next cycle
+    # (0, 1, 2, 3 s): the last arrives at 3.01 + 0.05, then the backward 0.4 s
+    r = simulate(FOUR, "deferred", cluster(negotiation_s=0.05, **kw))
+    assert r.step_s == pytest.approx(3.0 + 0.05 + 0.01 + 0.4)
+
+
+def test_cpu_steal_and_comm_slowdown():
+    # b's allreduce (4-5) overlaps a's backward (4-6)
+    assert step(TWO, "horovod", cpu_steal=0.5) == pytest.approx(7.5)      # bwd a ends 6.5
+    assert step(TWO, "horovod", comm_slowdown=2.0) == pytest.approx(7.0)  # b's ends at 6
+    assert step(TWO, "horovod", cpu_steal=0.5, comm_slowdown=2.0) == pytest.approx(8.0)
+
+
+def test_sharded_sends_the_bytes_of_one_allreduce_and_updates_a_shard():
+    prof = Profile("p", 1, TWO.layers, update_s=0.8)
+    for p in (2, 8, 64):
+        c = cluster(ranks=p, bucket_bytes=100)
+        sharded, layerwise = simulate(prof, "sharded", c), simulate(prof, "layerwise", c)
+        assert sharded.wire_bytes == pytest.approx(layerwise.wire_bytes)
+        assert sharded.wire_bytes == pytest.approx(2 * (p - 1) / p * 200)
+    # with a free link the step is the compute, and sharded updates 1/P of the bytes
+    fast = cluster(ranks=4, bandwidth=1e15)
+    assert simulate(prof, "layerwise", fast).step_s == pytest.approx(6.8)
+    assert simulate(prof, "sharded", fast).step_s == pytest.approx(6.2)
+
+
+def test_scaling_with_ranks():
+    c = {"bandwidth": 100.0, "latency": 0.01}
+    steps = [step(TWO, "layerwise", ranks=p, **c) for p in (2, 4, 64, 1024)]
+    assert steps == sorted(steps)  # more ranks, more bytes per rank and more latency
+    # one bucket of 200 B after all compute: 6 s + 2 (P-1)/P * 2 s + 2 (P-1) * 0.01
+    assert steps[-1] == pytest.approx(6 + 2 * 1023 / 1024 * 2 + 2 * 1023 * 0.01)
+    assert simulate(TWO, "horovod", cluster(ranks=1)).step_s == TWO.compute_s
+
+
+def test_hybrid_default_matches_the_strategy():
+    from hvd_overlap.strategies.deferred import half_the_bytes
+
+    sizes = [4000, 100, 2000, 50, 300]
+    specs = [VarSpec(i, f"l{i}/k:0", (n,), "float32", f"l{i}") for i, n in enumerate(sizes)]
+    prof = Profile("p", 1, tuple(Layer(f"l{i}", 0.1, 0.1, 4 * n, tensors=1)
+                                 for i, n in enumerate(sizes)))
+    for budget in (1, 10_000, 2**20):
+        assert default_defer(buckets_of(prof, budget)) == \
+            half_the_bytes(build_layerwise_plan(specs, budget))
+
+
+@pytest.mark.parametrize("name,total,trainable", [
+    ("resnet50", 25_636_712, 25_583_592), ("vgg16", 138_357_544, 138_357_544),
+    ("resnet101", 44_707_176, 44_601_832)])
+def test_shipped_profiles_have_exact_bytes(name, total, trainable):
+    prof = load_profile(name)
+    assert prof.meta["total_params"] == total
+    assert prof.grad_bytes == 4 * trainable
+    assert prof.layers[0].backward_s == pytest.approx(prof.layers[0].forward_s)  # first layer
+    r = simulate(prof, "horovod", Cluster(64, 25e9 / 8, 1e-5))
+    assert 0 < r.efficiency <= 1
+
+
+def test_layer_flops_by_hand():
+    dense = tf.keras.Sequential([tf.keras.layers.Dense(3, input_shape=(4,))])
+    assert layer_flops(dense.layers[0], 2) == 2 * 3 * (2 * 4 + 1)
+    conv = tf.keras.Sequential([tf.keras.layers.Conv2D(2, 3, padding="same",
+                                                       input_shape=(5, 5, 1))])
+    assert layer_flops(conv.layers[0], 1) == 25 * 2 * (2 * 9 * 1 + 1)
+
+
+def test_parsers():
+    assert parse_duration("10us") == pytest.approx(1e-5)
+    assert parse_duration("0.5ms") == pytest.approx(5e-4)
+    assert parse_ranks("2-16") == [2, 4, 8, 16]
+    assert parse_ranks("3,64") == [3, 64]
+    with pytest.raises(ValueError):
+        parse_ranks("0")
+
+
+def tiny_model() -> tf.keras.Model:
+    """A small functional model with a branch (``tests.test_simulate:tiny_model``)."""
+    inp = tf.keras.Input((8, 8, 3))
+    x = tf.keras.layers.Conv2D(4, 3, padding="same")(inp)
+    y = tf.keras.layers.Conv2D(4, 1)(x)
+    x = tf.keras.layers.Add()([x, y])
+    x = tf.keras.layers.GlobalAveragePooling2D()(x)
+    return tf.keras.Model(inp, tf.keras.layers.Dense(2)(x))
+
+
+def test_profile_command_measures_a_functional_model(tmp_path):
+    out = tmp_path / "p.json"
+    res = CliRunner().invoke(main, ["profile", "tests.test_simulate:tiny_model",
+                                    "--batch-size", "4", "--repeats", "1", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    prof = load_profile(out)
+    assert [la.tensors for la in prof.layers] == [2, 2, 0, 0, 2]
+    assert prof.grad_bytes == 4 * tiny_model().count_params()
+    assert prof.meta["source"] == "measured" and prof.meta["step_s"] > 0
+
+
+def test_simulate_command_json_and_plot(tmp_path):
+    out, png = tmp_path / "r.json", tmp_path / "r.png"
+    res = CliRunner().invoke(main, ["simulate", "resnet50", "--np", "2,512",
+                                    "--bandwidth", "25gbit", "--latency", "10us",
+                                    "--json", str(out), "--plot", str(png)])
+    assert res.exit_code == 0, res.output
+    results = json.loads(out.read_text())["profiles"]["resnet50"]["results"]
+    assert {(r["ranks"], r["strategy"]) for r in results} == \
+        {(p, s) for p in (2, 512) for s in STRATEGIES}
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    bad = CliRunner().invoke(main, ["simulate", "no-such-profile"])
+    assert bad.exit_code != 0 and "shipped" in bad.output
+
+
+def test_validation_against_a_bench_run(tmp_path):
+    local, hvd = 0.6, 0.7
+    bench = {"raw": {"config": {"model": "vgg", "net": "plain", "batch_size": 64},
+                     "ranks": 2, "step_times": {"local": [local], "horovod": [hvd]}},
+             "strategies": {"horovod": {"step_time_s": hvd, "wire_s": 0.1},
+                            "local": {"step_time_s": local}}}
+    path = tmp_path / "b.json"
+    path.write_text(json.dumps(bench))
+    table, checks = validation_markdown([path])
+    by = {c.strategy: c for c in checks}
+    assert by["horovod"].measured == hvd and by["horovod"].error is not None
+    assert by["sharded"].measured is None and "not measured yet" in table
+    assert all(c.predicted > local for c in checks)  # communication costs something
+    png, md = tmp_path / "v.png", tmp_path / "v.md"
+    res = CliRunner().invoke(main, ["simulate", "--validate", str(path), "--plot", str(png),
+                                    "--markdown", str(md)])
+    assert res.exit_code == 0, res.output
+    assert png.read_bytes()[:4] == b"\x89PNG" and "| vgg | plain | horovod |" in md.read_text()
+
+
+def test_calibration_fit():
+    from hvd_overlap.calibrate import GROUP, SIZES, fit
+
+    def run(base: float) -> dict:
+        return {"sizes": {str(n): {"wall_s": base + n / 1e9} for n in SIZES},
+                "grouped": {"1": 1e-3, str(GROUP): 1e-3 + (GROUP - 1) * 1e-4},
+                "steal": {"cpu_steal": 0.25, "comm_slowdown": 2.0}}
+
+    f = fit(run(5e-4), run(1.1e-3))
+    assert f["bandwidth"] == pytest.approx(1e9)
+    assert f["overhead_s"] == pytest.approx(5e-4, rel=1e-3)
+    assert f["cycle_period_s"] == pytest.approx(1.1e-3, rel=1e-3)
+    assert f["tensor_s"] == pytest.approx(1e-4)
+    assert (f["cpu_steal"], f["comm_slowdown"]) == (0.25, 2.0)

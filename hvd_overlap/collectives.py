@@ -41,3 +41,17 @@ def allreduce_sparse(grad: tf.IndexedSlices, name: str, *, op) -> tf.IndexedSlic
     if op == hvd.Average:
         values = values / tf.cast(hvd.size(), values.dtype)
     return tf.IndexedSlices(values, indices, dense_shape=grad.dense_shape)
+
+
+def reduce_scatter(tensor: tf.Tensor, name: str, *, op, compression,
+                   prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> tf.Tensor:
+    """Reduce a flat vector whose length every rank's count divides; each rank gets its
+    ``1/size`` slice (rank r: the r-th) of the reduced result."""
+    return hvd.reducescatter(
+        tensor, op=op, compression=compression, name=name, ignore_name_scope=True,
+        prescale_factor=prescale_factor, postscale_factor=postscale_factor)
+
+
+def all_gather(tensor: tf.Tensor, name: str) -> tf.Tensor:
+    """Concatenate every rank's equal-length slice, rank 0's first."""
+    return hvd.allgather(tensor, name=name, ignore_name_scope=True)

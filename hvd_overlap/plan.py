@@ -29,6 +29,7 @@ DEFAULT_BUCKET_BYTES = 4 * 1024 * 1024
 BACKWARD = "backward"  # inside the train step, as soon as the bucket's gradients exist
 FORWARD = "forward"    # deferred: at the start of the next step, before the layer's forward
 ALLREDUCE = "allreduce"
+REDUCE_SCATTER = "reducescatter"  # then all-gather of the updated slices (sharded)
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,7 @@ class VarSpec:
 
     @property
     def nbytes(self) -> int:
-        return self.size * _ITEMSIZE.get(self.dtype, 4)
+        return self.size * itemsize(self.dtype)
 
 
 @dataclass(frozen=True)
@@ -134,6 +135,16 @@ class Plan:
 
     def __str__(self) -> str:
         return self.describe()
+
+
+def itemsize(dtype: str) -> int:
+    """Bytes per element of a dtype name (4 if unknown)."""
+    return _ITEMSIZE.get(dtype, 4)
+
+
+def fmt_bytes(n: float) -> str:
+    """``4194304`` -> ``'4.0MiB'``."""
+    return _fmt_bytes(n)
 
 
 def layer_of(var_name: str) -> str:

@@ -142,14 +142,20 @@ class OverlapCallback(tf.keras.callbacks.Callback):
     current weights --, before ``evaluate``/``predict`` run with it, and at the end of ``fit``.
     For checkpoints every N batches, pass ``flush_every=N``. With other strategies it does
     nothing.
+
+    With ``strategy="sharded"`` it also gathers every rank's optimizer-state slices at those
+    points (end of epoch, every ``flush_every`` batches, end of fit), so a checkpoint saved there
+    is complete; ``gather_state=False`` skips that (saves bandwidth and host memory when no
+    checkpoint holds optimizer state).
     """
 
-    def __init__(self, flush_every: int | None = None):
+    def __init__(self, flush_every: int | None = None, gather_state: bool = True):
         super().__init__()
         if flush_every is not None and (not isinstance(flush_every, int) or flush_every < 1):
             raise ValueError(f"flush_every must be a positive number of batches, got "
                              f"{flush_every!r}")
         self.flush_every = flush_every
+        self.gather_state = gather_state
         self._patched = False
 
     def _optimizer(self):
@@ -181,17 +187,26 @@ class OverlapCallback(tf.keras.callbacks.Callback):
         steps = self.params.get("steps") if self.params else None
         if (self.flush_every and (batch + 1) % self.flush_every == 0) or \
                 (steps and batch + 1 == steps):
-            opt.flush()
+            self._checkpoint_point()
 
     def _flush(self, *_args, **_kwargs):
         opt = self._optimizer()
         if opt is not None:
             opt.flush()
 
-    on_epoch_end = on_test_begin = on_predict_begin = _flush
+    def _checkpoint_point(self, *_args, **_kwargs):
+        """Where a checkpoint may be saved: current weights, and (sharded) gathered state."""
+        opt = self._optimizer()
+        if opt is not None:
+            opt.flush()
+            if self.gather_state:
+                opt.gather_state()
+
+    on_test_begin = on_predict_begin = _flush
+    on_epoch_end = _checkpoint_point
 
     def on_train_end(self, logs=None):
-        self._flush()
+        self._checkpoint_point()
         if self._patched:
             del self.model.train_step  # the instance attribute; the class's method is back
             self.model.train_function = None

@@ -36,11 +36,12 @@ class Deferral:
     def has_pre_forward(self) -> bool:
         return tf.compat.v1.get_default_graph() in self._graphs
 
-    def create(self, plan: Plan, variables) -> None:
-        """Buffers for every FORWARD-phase variable that has a gradient (first trace only)."""
+    def create(self, plan: Plan, variables, buffers: bool = True) -> None:
+        """The pending flag and (with ``buffers``) a gradient buffer for every FORWARD-phase
+        variable that has a gradient (first trace only)."""
         with tf.init_scope():
             self.pending = tf.Variable(False, trainable=False, name="hvd_overlap_pending")
-            for bucket in plan.phase_buckets(FORWARD):
+            for bucket in plan.phase_buckets(FORWARD) if buffers else ():
                 for v in bucket.variables:
                     if v.has_grad:
                         var = variables[v.index]

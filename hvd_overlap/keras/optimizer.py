@@ -18,8 +18,10 @@ import tensorflow as tf
 
 from hvd_overlap import _env
 from hvd_overlap.keras.deferral import Deferral
+from hvd_overlap.keras.sharded import Shards
 from hvd_overlap.plan import BACKWARD, DEFAULT_BUCKET_BYTES, FORWARD, Plan
 from hvd_overlap.reducer import GradientReducer
+from hvd_overlap.sharding import ShardLayout, partition
 from hvd_overlap.strategies import CommSettings, get_strategy
 
 _counter = itertools.count()
@@ -38,6 +40,7 @@ class _State:
         self.accumulators: dict[Any, tf.Variable] = {}
         self.counter: tf.Variable | None = None
         self.deferral = Deferral()
+        self.shards: Shards | None = None  # the sharded strategy's slices, slots, checkpoint
 
 
 class _DistributedMixin:
@@ -73,6 +76,8 @@ class _DistributedMixin:
         variables = [v for _, v in grads_and_vars]
         if self._hvdo.backward_passes_per_step > 1:
             return self._hvdo_accumulate_and_apply(grads, variables, args, kwargs)
+        if self._hvdo.shards is not None:
+            return self._hvdo_apply_sharded(grads, variables)
         if self.defers:
             return self._hvdo_apply_deferring(grads, variables, args, kwargs)
         reduced = self._hvdo.reducer.reduce(grads, variables)
@@ -81,8 +86,9 @@ class _DistributedMixin:
     # -- cross-iteration overlap (strategies "deferred" and "hybrid") ---------------------------
 
     def pre_forward(self) -> None:
-        """Start of a train step: reduce and apply the previous step's deferred buckets, in
-        forward order, each layer's forward waiting only for its own bucket's update.
+        """Start of a train step: bring in the previous step's deferred updates, in forward
+        order, each layer's forward waiting only for its own bucket. (``deferred``/``hybrid``:
+        reduce and apply the deferred buckets; ``sharded``: all-gather the updated slices.)
 
         ``OverlapCallback`` calls it inside ``model.fit``'s train step; in custom loops use
         ``make_train_step``. Harmless (a no-op) for strategies that defer nothing.
@@ -91,10 +97,22 @@ class _DistributedMixin:
         d.mark_pre_forward()
         if not self.defers or d.plan is None:
             return  # nothing traced yet, so nothing can be pending in this graph
+        previous: list = []
+        for run in self._hvdo_forward_phase():
+            with tf.control_dependencies(previous):
+                previous = [tf.cond(d.pending, run, lambda: tf.constant(False))]
+        d.pending.assign(False)
+
+    def _hvdo_forward_phase(self) -> list:
+        """One function per deferred bucket, in forward order, that brings its update in."""
+        d = self._hvdo.deferral
+        if self._hvdo.shards is not None:
+            layout = self._hvdo.shards.layout
+            return [lambda b=b: self._hvdo_gather(b) for b in reversed(layout.buckets)]
         forward = d.plan.phase_buckets(FORWARD)
         strategy = self._hvdo.reducer.strategy
         variables = d.variables
-        previous: list = []
+        runs = []
         for k, bucket in enumerate(forward):
             last = k == len(forward) - 1
 
@@ -110,9 +128,8 @@ class _DistributedMixin:
                 self._hvdo_apply_counted(pairs, count=last)
                 return tf.constant(True)
 
-            with tf.control_dependencies(previous):
-                previous = [tf.cond(d.pending, run, lambda: tf.constant(False))]
-        d.pending.assign(False)
+            runs.append(run)
+        return runs
 
     def flush(self) -> None:
         """Apply any pending deferred update now. Call it on every rank before anyone
@@ -123,6 +140,26 @@ class _DistributedMixin:
             if d.flush_fn is None:  # a graph, like the train step: the same kernels, same bits
                 d.flush_fn = tf.function(self.pre_forward)
             d.flush_fn()
+
+    def gather_state(self) -> None:
+        """``sharded`` only: gather every rank's optimizer-state slices so that a checkpoint
+        saved now is complete (whole per-variable arrays, restorable on any number of ranks).
+        Call it on every rank, after ``flush()``; ``OverlapCallback`` does both at the end of
+        every epoch (and every ``flush_every`` batches). A no-op for other strategies."""
+        sh = self._hvdo.shards
+        if sh is None or sh.layout is None:
+            return
+        step = int(self.iterations.numpy())
+        if sh.checkpoint.iterations != step:
+            sh.checkpoint.set(step, sh.gather_state())
+
+    @property
+    def shard_layout(self) -> ShardLayout:
+        """``sharded`` only: which slice of each bucket every rank owns (after one step)."""
+        sh = self._hvdo.shards
+        if sh is None or sh.layout is None:
+            raise RuntimeError("no shard layout: strategy='sharded' builds it at the first step")
+        return sh.layout
 
     def make_train_step(self, step_fn):
         """Wrap a custom-loop step (which ends with ``apply_gradients``) in a ``tf.function``
@@ -140,13 +177,78 @@ class _DistributedMixin:
         if not count:
             self.iterations.assign_sub(1)
 
-    def _hvdo_apply_deferring(self, grads, variables, args, kwargs):
-        d = self._hvdo.deferral
-        if not d.has_pre_forward():
+    def _hvdo_require_pre_forward(self) -> None:
+        if not self._hvdo.deferral.has_pre_forward():
             raise ValueError(
                 f"strategy {self.strategy!r} defers updates into the next step: add "
                 "hvd_overlap.keras.callbacks.OverlapCallback() to model.fit's callbacks, or build "
                 "custom-loop steps with opt.make_train_step(step_fn) and call opt.flush() after")
+
+    def _hvdo_apply_sharded(self, grads, variables):
+        """Reduce-scatter every bucket, update this rank's slices; the all-gathers run at the
+        start of the next step (or now, on the first trace, when none is set up yet)."""
+        self._hvdo_require_pre_forward()
+        d, sh = self._hvdo.deferral, self._hvdo.shards
+        plan = self._hvdo.reducer.plan_for(variables, grads)
+        first = d.plan is None
+        if first:
+            _check_shardable(variables, plan)
+            sh.create(self, partition(plan, hvd.size()), variables)
+            d.create(plan, variables, buffers=False)
+        elif plan is not d.plan:
+            raise ValueError("a sharded DistributedOptimizer serves one model: create one "
+                             "optimizer per model (the variable list changed)")
+        strategy = self._hvdo.reducer.strategy
+        pairs = []
+        for b in sh.layout.buckets:
+            piece = strategy.reduce_scatter(b, grads)
+            sh.params[b.bucket].assign(sh.slice_of(b, variables))  # current weights, exactly
+            pairs.append((piece, sh.params[b.bucket]))
+        self._hvdo_apply_counted(pairs, count=True)
+        if first:
+            previous: list = []
+            for b in reversed(sh.layout.buckets):
+                with tf.control_dependencies(previous):
+                    previous = [self._hvdo_gather(b)]
+        else:
+            d.pending.assign(True)
+        return self.iterations
+
+    def _hvdo_gather(self, bucket) -> tf.Tensor:
+        """All-gather one bucket's updated slices into the model's variables."""
+        sh, variables = self._hvdo.shards, self._hvdo.deferral.variables
+        whole = self._hvdo.reducer.strategy.all_gather(bucket, sh.params[bucket.bucket])
+        for seg, value in zip(bucket.segments, whole, strict=True):
+            variables[seg.index].assign(value)
+        return tf.constant(True)
+
+    def _trackable_children(self, save_type="checkpoint", **kwargs):
+        """``sharded``: this rank's slot slices are not checkpointed as the optimizer's own
+        variables (another rank, or another number of ranks, could not use them); the gathered
+        whole arrays are, through ``hvd_overlap_sharded_state``."""
+        children = super()._trackable_children(save_type, **kwargs)
+        sh = getattr(self, "_hvdo", None) and self._hvdo.shards
+        if not sh or not sh.slots:
+            return children
+        hidden = {id(v) for d in sh.slots.values() for v in d.values()}
+        return {k: c for k, c in children.items() if not _holds_any(c, hidden)}
+
+    def _apply_weight_decay(self, variables):
+        """Decoupled weight decay (Keras optimizers' ``weight_decay``) on the slices, skipping
+        the elements of excluded variables, as Keras skips the variables."""
+        sh = self._hvdo.shards
+        if sh is None or sh.layout is None or self.weight_decay is None:
+            return super()._apply_weight_decay(variables)
+        for b, p in sh.params.items():
+            lr = tf.cast(self.learning_rate, p.dtype)
+            wd = tf.cast(self.weight_decay, p.dtype)
+            mask = sh.decay_masks.get(b)
+            p.assign_sub((p if mask is None else p * mask) * wd * lr)
+        return None
+
+    def _hvdo_apply_deferring(self, grads, variables, args, kwargs):
+        d = self._hvdo.deferral
+        self._hvdo_require_pre_forward()
         plan = self._hvdo.reducer.plan_for(variables, grads)
         if d.plan is None:
             # First trace: the plan was unknown when the pre-forward phase was traced, so this
@@ -230,6 +332,18 @@ class _OverlapTrainStep:
         return out
 
 
+def _holds_any(child, ids: set[int]) -> bool:
+    """True if a trackable child is, or is a list holding, one of the variables ``ids``."""
+    if id(child) in ids:
+        return True
+    if isinstance(child, tf.Variable) or not hasattr(child, "__iter__"):
+        return False
+    try:
+        return any(id(item) in ids for item in child)
+    except TypeError:
+        return False
+
+
 def _dense(g):
     return tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g
 
@@ -286,6 +400,8 @@ def DistributedOptimizer(  # noqa: N802 -- same name as Horovod's factory
     strategy_cls = get_strategy(strategy)
     _validate(optimizer, strategy, bucket_bytes, op, gradient_predivide_factor,
               backward_passes_per_step, num_groups, groups, process_set)
+    if strategy_cls.shards:
+        _validate_sharding(optimizer)
     if strategy_cls.defers:
         _validate_deferring(optimizer, strategy, backward_passes_per_step, defer)
     if not hvd.is_initialized():
@@ -310,7 +426,51 @@ def DistributedOptimizer(  # noqa: N802 -- same name as Horovod's factory
     wrapped = cls.from_config(optimizer.get_config())
     wrapped._hvdo = _State(GradientReducer(strategy_cls(settings)), backward_passes_per_step,
                            average_aggregated_gradients, sparse_as_dense)
+    if strategy_cls.shards:
+        shards = wrapped._hvdo.shards = Shards(prefix)
+        shards.checkpoint.current_step = lambda: int(wrapped.iterations.numpy())
+        # a checkpoint dependency of the optimizer: saved and restored with it
+        wrapped._track_trackable(shards.checkpoint, name="hvd_overlap_sharded_state")
     return wrapped
+
+
+def _element_wise_optimizers() -> tuple[type, ...]:
+    """Optimizers whose update of an element reads only that element's gradient and state."""
+    o, legacy = tf.keras.optimizers, tf.keras.optimizers.legacy
+    return (o.SGD, o.Adam, o.AdamW, o.RMSprop, o.Adagrad, o.Adadelta, o.Adamax, o.Nadam, o.Ftrl,
+            o.Lion, legacy.SGD, legacy.Adam, legacy.RMSprop, legacy.Adagrad, legacy.Adadelta,
+            legacy.Adamax, legacy.Nadam, legacy.Ftrl)
+
+
+def _validate_sharding(optimizer) -> None:
+    """What updating 1/P of each flattened bucket cannot do exactly, refused up front."""
+    known = _element_wise_optimizers()
+    if type(optimizer) not in known:
+        raise ValueError(
+            f"strategy='sharded' updates a slice of each flattened bucket, which is exact only "
+            f"for element-wise optimizers ({', '.join(sorted({k.__name__ for k in known}))}); "
+            f"{type(optimizer).__name__} is not one of them (an update that needs whole "
+            "tensors, like Adafactor's factored moments or a trust ratio, would be wrong). Use "
+            "strategy='deferred' or 'layerwise'")
+    if getattr(optimizer, "clipnorm", None) or getattr(optimizer, "global_clipnorm", None):
+        raise ValueError(
+            "clipnorm/global_clipnorm need whole-tensor norms, but with strategy='sharded' each "
+            "rank holds only a slice of every gradient; use clipvalue (element-wise), or "
+            "strategy='layerwise' or 'deferred'")
+    if getattr(optimizer, "use_ema", False):
+        raise ValueError("use_ema keeps a whole-model moving average, which strategy='sharded' "
+                         "does not shard; use strategy='deferred' or 'layerwise'")
+
+
+def _check_shardable(variables, plan) -> None:
+    """Checks that need the variables (first step, before any collective, on every rank)."""
+    for spec in plan.variables:
+        v = variables[spec.index]
+        if spec.has_grad and getattr(v, "constraint", None) is not None:
+            raise ValueError(
+                f"variable {v.name} has a constraint, which Keras applies to the whole variable "
+                "after its update; strategy='sharded' updates slices. Remove the constraint or "
+                "use strategy='deferred' or 'layerwise'")
 
 
 def _validate_deferring(optimizer, strategy, backward_passes_per_step, defer) -> None:

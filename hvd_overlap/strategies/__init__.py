@@ -6,12 +6,14 @@ from hvd_overlap.strategies.base import CommSettings, Strategy
 from hvd_overlap.strategies.deferred import DeferredStrategy, HybridStrategy
 from hvd_overlap.strategies.horovod import HorovodStrategy
 from hvd_overlap.strategies.layerwise import LayerwiseStrategy
+from hvd_overlap.strategies.sharded import ShardedStrategy
 
 STRATEGIES: dict[str, type[Strategy]] = {
     HorovodStrategy.name: HorovodStrategy,
     LayerwiseStrategy.name: LayerwiseStrategy,
     DeferredStrategy.name: DeferredStrategy,
     HybridStrategy.name: HybridStrategy,
+    ShardedStrategy.name: ShardedStrategy,
 }
 
 

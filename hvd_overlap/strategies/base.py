@@ -37,6 +37,8 @@ class Strategy(ABC):
     name: str = ""
     #: True if some buckets are deferred into the next step's forward (needs OverlapCallback)
     defers: bool = False
+    #: True if each rank updates only its slice of every bucket (the sharded strategy)
+    shards: bool = False
 
     def __init__(self, settings: CommSettings):
         self.settings = settings

@@ -6,8 +6,11 @@ initial weights are equal on every rank (same seed), as in a real Horovod job af
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Callable
+from pathlib import Path
 
+import horovod.tensorflow as hvd_tf
 import horovod.tensorflow.keras as hvd
 import numpy as np
 import tensorflow as tf
@@ -22,9 +25,11 @@ EPOCHS = 2  # 24 steps in all
 def cnn_bn() -> tf.keras.Model:
     L = tf.keras.layers
     return tf.keras.Sequential([
-        L.Conv2D(8, 3, padding="same", input_shape=(12, 12, 1)),
+        # no bias before BatchNorm: its gradient would be rounding noise, which RMSprop and
+        # Adagrad scale up to learning-rate-sized steps (different noise, different weights)
+        L.Conv2D(8, 3, padding="same", use_bias=False, input_shape=(12, 12, 1)),
         L.BatchNormalization(), L.ReLU(), L.MaxPool2D(),
-        L.Conv2D(16, 3, padding="same"), L.BatchNormalization(), L.ReLU(),
+        L.Conv2D(16, 3, padding="same", use_bias=False), L.BatchNormalization(), L.ReLU(),
         L.Flatten(), L.Dense(32, activation="relu"), L.Dense(10),
     ])
 
@@ -69,9 +74,17 @@ def unused_branch() -> tf.keras.Model:
     return m
 
 
+def odd_sizes() -> tf.keras.Model:
+    """Layers with an odd number of elements: sharded buckets need padding on 2 ranks."""
+    L = tf.keras.layers
+    return tf.keras.Sequential([L.Flatten(input_shape=(12, 12, 1)),
+                                L.Dense(15, activation="tanh"), L.Dense(9, activation="tanh"),
+                                L.Dense(10)])
+
+
 MODELS: dict[str, Callable[[], tf.keras.Model]] = {
     "cnn_bn": cnn_bn, "shared_layer": shared_layer,
-    "embedding": embedding, "unused_branch": unused_branch,
+    "embedding": embedding, "unused_branch": unused_branch, "odd_sizes": odd_sizes,
 }
 
 
@@ -92,15 +105,23 @@ def _decay():
     return tf.keras.optimizers.schedules.ExponentialDecay(0.1, decay_steps=5, decay_rate=0.7)
 
 
+def _adamw():
+    """AdamW whose decoupled decay skips biases and BatchNorm (excluded by name)."""
+    opt = tf.keras.optimizers.AdamW(0.003, weight_decay=0.05)
+    opt.exclude_from_weight_decay(var_names=["bias", "gamma", "beta"])
+    return opt
+
+
 OPTIMIZERS: dict[str, Callable[[], tf.keras.optimizers.Optimizer]] = {
     "sgd": lambda: tf.keras.optimizers.SGD(0.05),
     "sgd_momentum": lambda: tf.keras.optimizers.SGD(0.05, momentum=0.9),
     "sgd_nesterov": lambda: tf.keras.optimizers.SGD(0.05, momentum=0.9, nesterov=True),
     "sgd_schedule": lambda: tf.keras.optimizers.SGD(_decay(), momentum=0.9),
     "rmsprop": lambda: tf.keras.optimizers.RMSprop(0.003),
-    "adagrad": lambda: tf.keras.optimizers.Adagrad(0.05),
+    "adagrad": lambda: tf.keras.optimizers.Adagrad(0.02),  # 0.05: chaotic, ulps grow to 1e-3
     "adam_schedule": lambda: tf.keras.optimizers.Adam(_decay()),
     "adam": lambda: tf.keras.optimizers.Adam(0.003),
+    "adamw": _adamw,
     "legacy_sgd_nesterov": lambda: tf.keras.optimizers.legacy.SGD(0.05, momentum=0.9,
                                                                   nesterov=True),
     "legacy_adam": lambda: tf.keras.optimizers.legacy.Adam(0.003),
@@ -128,7 +149,7 @@ class Result:
 
 def train_fit(model_name: str, opt_name: str, wrap, seed: int = 3, epochs: int = EPOCHS,
               initial_epoch: int = 0, callbacks=(), validation: bool = False,
-              restore: str | None = None) -> Result:
+              restore: str | None = None, restore_optimizer: bool = True) -> Result:
     """``model.fit`` for ``epochs`` x STEPS_PER_EPOCH steps, with ``OverlapCallback`` (a no-op
     for strategies that defer nothing, and for stock Horovod) and Horovod's broadcast."""
     tf.keras.utils.set_random_seed(seed)
@@ -137,6 +158,8 @@ def train_fit(model_name: str, opt_name: str, wrap, seed: int = 3, epochs: int =
     model.compile(optimizer=opt, loss=LOSS)
     if restore:
         model.load_weights(restore)
+        if not restore_optimizer:  # negative control: drop the restored sharded slot state
+            opt._hvdo.shards.checkpoint.pending = None
     x, y = rank_data(model_name, BATCH * STEPS_PER_EPOCH)
     val = rank_data(model_name, BATCH * 2, seed=99) if validation else None
     model.fit(x, y, batch_size=BATCH, epochs=epochs, initial_epoch=initial_epoch, shuffle=False,
@@ -196,3 +219,25 @@ def same_on_all_ranks(result: Result) -> bool:
     root = hvd.broadcast(tf.constant(flat), 0, name="same_on_all_ranks").numpy()
     ok = np.array_equal(flat, root)
     return bool(hvd.allreduce(tf.constant(int(not ok)), op=hvd.Sum, name="same_ok").numpy() == 0)
+
+
+class ModelCheckpointInTmp:
+    """A ModelCheckpoint (weights + optimizer state, every epoch unless
+    ``save_freq`` says otherwise), in a temporary directory named by rank 0."""
+
+    def __init__(self, save_freq: str | int = "epoch"):
+        base = hvd_tf.broadcast_object(tempfile.mkdtemp(), 0, name="ckpt_dir")
+        self.path = str(Path(base) / f"rank{hvd.rank()}" / "ckpt")
+        self.count = 0
+        outer = self
+
+        class Counting(tf.keras.callbacks.ModelCheckpoint):
+            def _save_model(self, epoch, batch, logs):
+                outer.count += 1
+                super()._save_model(epoch, batch, logs)
+
+        self.callback = Counting(self.path, save_weights_only=True, save_freq=save_freq)
+
+    def saved(self) -> int:
+        return self.count
+

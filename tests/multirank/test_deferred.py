@@ -1,8 +1,5 @@
 """Cross-iteration strategies (deferred, hybrid) reach stock Horovod's weights after a flush."""
 
-import tempfile
-from pathlib import Path
-
 import horovod.tensorflow as hvd_tf
 import horovod.tensorflow.keras as hvd
 import pytest
@@ -14,6 +11,7 @@ from tests.multirank.helpers import (
     EPOCHS,
     LOSS,
     MODELS,
+    ModelCheckpointInTmp,
     Result,
     assert_weights_close,
     max_abs_diff,
@@ -135,24 +133,3 @@ def test_hybrid_plan_has_both_phases_in_issue_order():
     fwd = plan.phase_buckets("forward")
     assert fwd[0].layers[-1] == model.layers[0].name  # input layer's bucket goes first
     assert "forward" in plan.describe()
-
-
-class ModelCheckpointInTmp:
-    """A ModelCheckpoint (weights + optimizer state, every epoch) in a path shared by ranks."""
-
-    def __init__(self):
-        base = hvd_tf.broadcast_object(tempfile.mkdtemp(), 0, name="ckpt_dir")
-        self.path = str(Path(base) / f"rank{hvd.rank()}" / "ckpt")
-        self.count = 0
-        outer = self
-
-        class Counting(tf.keras.callbacks.ModelCheckpoint):
-            def _save_model(self, epoch, batch, logs):
-                outer.count += 1
-                super()._save_model(epoch, batch, logs)
-
-        self.callback = Counting(self.path, save_weights_only=True, save_freq="epoch")
-
-    def saved(self) -> int:
-        return self.count
-

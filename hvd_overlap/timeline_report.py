@@ -78,6 +78,21 @@ def union(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
     return out
 
 
+def covered(collectives: list[Collective]) -> float:
+    """µs during which at least one of ``collectives`` was on the wire."""
+    return sum(b - a for a, b in union([(c.start, c.end) for c in collectives]))
+
+
+def exposed_after_last_enqueue(collectives: list[Collective]) -> float:
+    """µs, summed over steps, that a step's collectives spent on the wire after the step's last
+    one was enqueued: for gradient collectives, communication left when backprop was over."""
+    total = 0.0
+    for step in split_steps(collectives):
+        last = max(c.enqueued for c in step)
+        total += sum(b - a for a, b in union([(max(c.start, last), c.end) for c in step]))
+    return total
+
+
 def overlap(spans: list[tuple[float, float]], lo: float, hi: float) -> float:
     """Total length of ``spans`` (disjoint) inside [lo, hi]."""
     return sum(max(0.0, min(b, hi) - max(a, lo)) for a, b in spans)

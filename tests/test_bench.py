@@ -52,7 +52,8 @@ def test_table_json_and_plot(tmp_path):
     rows = report.format_table(s).splitlines()
     assert rows[0].split()[:2] == ["strategy", "samples/s"]
     # no timeline in RAW: wire time and hidden share are "-"
-    assert rows[2].split() == ["layerwise", "213.3", "600.0", "1.333x", "0.67", "24.4", "-", "-"]
+    assert rows[2].split() == ["layerwise", "213.3", "600.0", "1.333x", "0.67", "24.4", "-", "-",
+                               "-"]
     with_wire = report.summarize({**RAW, "wire_time_per_step_s": {"layerwise": 0.4}})
     # local 400 ms, layerwise 600 ms: 200 ms of the 400 ms on the wire exposed -> half hidden
     assert with_wire["layerwise"]["hidden"] == pytest.approx(0.5)
@@ -64,6 +65,25 @@ def test_table_json_and_plot(tmp_path):
         assert key in data["layerwise"]
     report.plot(tmp_path / "b.png", {"vgg 1gbit": s, "again": s})
     assert (tmp_path / "b.png").stat().st_size > 1000
+
+
+def test_sharded_phases_and_optimizer_memory():
+    """Local 400 ms, sharded 500 ms: 100 ms exposed; 30 ms of the reduce-scatters' 200 ms ran
+    after backprop, so the all-gathers' 140 ms exposed the other 70 ms."""
+    raw = {**RAW, "step_times": {"sharded": [0.5], LOCAL: [0.4]},
+           "wire_by_collective_s": {"sharded": {"all": 0.33, "REDUCESCATTER": 0.2,
+                                                "ALLGATHER": 0.14,
+                                                "REDUCESCATTER_after_backprop": 0.03}},
+           "optimizer_state_bytes": {"sharded": {"slots": 2**20, "slices": 2**20},
+                                     LOCAL: {"slots": 2**21, "slices": 0}}}
+    s = report.summarize(raw)
+    assert s["sharded"]["reduce_scatter_hidden"] == pytest.approx(1 - 0.03 / 0.2)
+    assert s["sharded"]["all_gather_hidden"] == pytest.approx(1 - 0.07 / 0.14)
+    assert s["sharded"]["optimizer_mib"] == pytest.approx(2.0)
+    assert s["sharded"]["slot_mib"] == pytest.approx(1.0)
+    assert "reduce_scatter_hidden" not in s[LOCAL] and s[LOCAL]["optimizer_mib"] == 2.0
+    text = report.format_table(s)
+    assert "85% hidden under backprop" in text and "50% hidden under the next forward" in text
 
 
 def test_config_validation():

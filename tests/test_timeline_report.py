@@ -4,8 +4,16 @@ import pytest
 from click.testing import CliRunner
 
 from hvd_overlap.cli import main
-from hvd_overlap.timeline import merge_groups, read_timeline
-from hvd_overlap.timeline_report import analyze, format_steps, overlap, split_steps, union
+from hvd_overlap.timeline import Collective, merge_groups, read_timeline
+from hvd_overlap.timeline_report import (
+    analyze,
+    covered,
+    exposed_after_last_enqueue,
+    format_steps,
+    overlap,
+    split_steps,
+    union,
+)
 
 
 def span(pid: int, op: str, enq: int, start: int, end: int) -> str:
@@ -77,3 +85,13 @@ def test_cli_timeline_per_step_and_gantt(trace, tmp_path):
     assert png.stat().st_size > 1000
     bad = CliRunner().invoke(main, ["timeline", str(trace), "--per-step", "0"])
     assert bad.exit_code != 0
+
+
+def test_covered_and_exposed_after_last_enqueue():
+    """Two steps of two reduce-scatters; what runs after a step's last enqueue is exposed."""
+    def c(name, enq, start, end):
+        return Collective(name, "REDUCESCATTER", enq, start, end)
+    trips = [c("rs0", 0, 10, 50), c("rs1", 40, 45, 80),        # last enqueue 40: 40 us after
+             c("rs0", 100, 100, 120), c("rs1", 130, 130, 135)]  # last enqueue 130: 5 us after
+    assert covered(trips) == (80 - 10) + (120 - 100) + 5
+    assert exposed_after_last_enqueue(trips) == 40 + 5

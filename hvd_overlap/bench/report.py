@@ -8,6 +8,13 @@ variable sizes (0 for ``local``); a ring allreduce sends ``2 (P-1)/P`` times tha
 given as ``wire_bytes_per_rank``. ``wire_s`` is the time the gradient collectives really spent on
 the wire per step (from a Horovod timeline) and ``hidden`` = 1 - (step time - local step time) /
 ``wire_s``: the fraction of that communication time hidden behind compute.
+
+For ``sharded`` the two phases are split: ``reduce_scatter_hidden`` = 1 - (reduce-scatter wire
+time after the step's last reduce-scatter was enqueued, i.e. after backprop) / its wire time;
+``all_gather_hidden`` = 1 - (the rest of the exposed time) / the all-gathers' wire time (the
+all-gathers are the only other communication, overlapping the next forward).
+``optimizer_mib`` is what this rank's optimizer keeps besides the model: slots (and, sharded,
+the parameter slices it updates).
 """
 
 from __future__ import annotations
@@ -40,8 +47,31 @@ def summarize(raw: dict[str, Any]) -> Summary:
             "wire_s": raw.get("wire_time_per_step_s", {}).get(s),
             "hidden": hidden_fraction(t, steps.get(LOCAL), raw.get(
                 "wire_time_per_step_s", {}).get(s)),
+            **_memory(raw.get("optimizer_state_bytes", {}).get(s)),
+            **phase_hidden(t, steps.get(LOCAL), (raw.get("wire_by_collective_s") or {}).get(s)),
         }
     return out
+
+
+def _memory(state: dict[str, int] | None) -> dict[str, Any]:
+    if not state:
+        return {}
+    return {"optimizer_mib": (state["slots"] + state["slices"]) / 2**20,
+            "slot_mib": state["slots"] / 2**20}
+
+
+def phase_hidden(step: float, local: float | None, wire: dict[str, float] | None
+                 ) -> dict[str, float]:
+    """Sharded: hidden shares of the reduce-scatters (under backprop) and of the all-gathers
+    (under the next forward); see the module docstring. Empty for other strategies."""
+    if local is None or not wire or "REDUCESCATTER" not in wire or "ALLGATHER" not in wire:
+        return {}
+    rs, ag = wire["REDUCESCATTER"], wire["ALLGATHER"]
+    rs_exposed = wire.get("REDUCESCATTER_after_backprop", 0.0)
+    ag_exposed = max(step - local - rs_exposed, 0.0)
+    return {"reduce_scatter_s": rs, "all_gather_s": ag,
+            "reduce_scatter_hidden": min(max(1 - rs_exposed / rs, 0.0), 1.0) if rs else None,
+            "all_gather_hidden": min(max(1 - ag_exposed / ag, 0.0), 1.0) if ag else None}
 
 
 def hidden_fraction(step: float, local: float | None, wire: float | None) -> float | None:
@@ -70,18 +100,27 @@ def headline(raw: dict[str, Any]) -> str:
 def format_table(summary: Summary) -> str:
     """Fixed-width table, one row per strategy."""
     lines = [f"{'strategy':<10} {'samples/s':>10} {'step ms':>9} {'vs horovod':>10} "
-             f"{'efficiency':>10} {'MiB/step':>9} {'wire ms':>8} {'hidden':>7}"]
+             f"{'efficiency':>10} {'MiB/step':>9} {'wire ms':>8} {'hidden':>7} {'opt MiB':>8}"]
     for s, m in summary.items():
         wire = m.get("wire_s")
         lines.append(f"{s:<10} {m['samples_per_sec']:>10.1f} {m['step_time_s'] * 1e3:>9.1f} "
                      f"{_num(m['ratio_to_horovod'], '.3f'):>9}x "
                      f"{_num(m['efficiency'], '.2f'):>10} {m['bytes_per_step'] / 2**20:>9.1f} "
                      f"{_num(wire * 1e3 if wire else None, '.1f'):>8} "
-                     f"{_num(m.get('hidden'), '.0%'):>7}")
+                     f"{_num(m.get('hidden'), '.0%'):>7} "
+                     f"{_num(m.get('optimizer_mib'), '.1f'):>8}")
     lines.append("vs horovod: horovod's step time / this; efficiency: local (no communication) "
                  "step time / this; MiB/step: gradient bytes reduced per step; wire ms: time the "
                  "collectives spent on the wire per step (Horovod timeline); hidden: 1 - (step - "
-                 "local step) / wire")
+                 "local step) / wire; opt MiB: optimizer state per rank (slots, and the sharded "
+                 "strategy's parameter slices)")
+    for s, m in summary.items():
+        if m.get("reduce_scatter_hidden") is not None:
+            lines.append(
+                f"{s}: reduce-scatters {m['reduce_scatter_s'] * 1e3:.1f} ms/step on the wire, "
+                f"{m['reduce_scatter_hidden']:.0%} hidden under backprop; all-gathers "
+                f"{m['all_gather_s'] * 1e3:.1f} ms/step, "
+                f"{_num(m['all_gather_hidden'], '.0%')} hidden under the next forward")
     return "\n".join(lines)
 
 

@@ -16,6 +16,10 @@ from typing import Any
 from hvd_overlap.bench import report
 
 
+def _num(x: float | None, fmt: str) -> str:
+    return "-" if x is None else format(x, fmt)
+
+
 def _label(raw: dict[str, Any]) -> str:
     c = raw["config"]
     return f"{c['model']}, net {c['net']}, {c['batch_size']}/rank"
@@ -29,8 +33,8 @@ def markdown(runs: list[dict[str, Any]]) -> str:
              "bound). The 1gbit rows run in a network namespace whose loopback is shaped with "
              "`tc ... tbf rate 1gbit burst 256kb latency 20ms`.", "",
              "| model | network | strategy | samples/s | step ms | vs horovod | efficiency "
-             "| wire ms | hidden |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| wire ms | hidden | optimizer MiB/rank |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for run in runs:
         c = run["raw"]["config"]
         for s, m in run["strategies"].items():
@@ -41,12 +45,27 @@ def markdown(runs: list[dict[str, Any]]) -> str:
                 f"{m['step_time_s'] * 1e3:.0f} | {'-' if ratio is None else f'{ratio:.2f}x'} | "
                 f"{'-' if eff is None else f'{eff:.2f}'} | "
                 f"{'-' if not wire else f'{wire * 1e3:.0f}'} | "
-                f"{'-' if hidden is None else f'{hidden:.0%}'} |")
+                f"{'-' if hidden is None else f'{hidden:.0%}'} | "
+                f"{_num(m.get('optimizer_mib'), '.1f')} |")
     lines += ["", "vs horovod: stock Horovod's step time / this one (> 1 is faster); efficiency: "
               "compute-only (`local`, no communication) step time / this one; wire ms: time the "
               "gradient collectives spent on the wire per step (Horovod timeline, one extra run "
               "per strategy); hidden: 1 - (step - local step) / wire, the share of that time "
-              "hidden behind compute.", "", "Runs:", ""]
+              "hidden behind compute; optimizer MiB/rank: what one rank's optimizer keeps "
+              "besides the model (SGD momentum slots; sharded: its slots and parameter "
+              "slices).", ""]
+    phases = [f"- {c['model']}, {c['net']}: reduce-scatters {m['reduce_scatter_s'] * 1e3:.0f} "
+              f"ms/step on the wire, {m['reduce_scatter_hidden']:.0%} hidden under backprop; "
+              f"all-gathers {m['all_gather_s'] * 1e3:.0f} ms/step, "
+              f"{_num(m['all_gather_hidden'], '.0%')} hidden under the next forward"
+              for run in runs for c in [run["raw"]["config"]]
+              for m in [run["strategies"].get("sharded", {})]
+              if m.get("reduce_scatter_hidden") is not None]
+    if phases:
+        lines += ["`sharded`, phase by phase (reduce-scatter hidden: 1 - its wire time after the "
+                  "step's last reduce-scatter was enqueued / its wire time; all-gather hidden: "
+                  "1 - the rest of the exposed time / its wire time):", "", *phases, ""]
+    lines += ["Runs:", ""]
     for run in runs:
         lines += [f"- {report.headline(run['raw'])}", f"  `{run.get('command', '?')}`"]
     return "\n".join(lines) + "\n"

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import tensorflow as tf
 
 from hvd_overlap.bench.config import LOCAL, BenchConfig
@@ -91,17 +92,20 @@ class Trainee:
 
 
 def wire_time_per_step(trainee: Trainee, data: tf.data.Dataset, steps: int,
-                       tag: str) -> float | None:
+                       tag: str) -> dict[str, float] | None:
     """Seconds per step that the gradient collectives spent on the wire, read from a Horovod
     timeline of one more run (1 + ``steps`` steps): the union of the collectives' communication
     spans (negotiation excluded), divided by the steps whose gradients they carried (a deferred
-    strategy's flush carries the last step's). Rank 0 only (Horovod writes the timeline there);
-    None elsewhere or if Horovod was started without ``HOROVOD_TIMELINE=DYNAMIC``."""
+    strategy's flush carries the last step's). Also per kind of collective, and for
+    reduce-scatters the part after the step's last one was enqueued (backprop over: exposed).
+    Rank 0 only (Horovod writes the timeline there); None elsewhere or if Horovod was started
+    without ``HOROVOD_TIMELINE=DYNAMIC``."""
     import tempfile
 
     import horovod.tensorflow as hvd
 
     from hvd_overlap.timeline import merge_groups, read_timeline
+    from hvd_overlap.timeline_report import covered, exposed_after_last_enqueue
 
     path = hvd.broadcast_object(str(Path(tempfile.mkdtemp()) / "t.json"), 0,
                                 name=f"hvdo.bench.tl.{tag}")
@@ -113,13 +117,31 @@ def wire_time_per_step(trainee: Trainee, data: tf.data.Dataset, steps: int,
     hvd.stop_timeline()
     if hvd.rank() != 0:
         return None
-    spans = sorted((c.start, c.end) for c in merge_groups(read_timeline(path))
-                   if not c.tensor.startswith("hvdo.bench"))
-    covered, reach = 0.0, float("-inf")  # union of spans: fused tensors share one span
-    for start, end in spans:
-        covered += max(0.0, end - max(start, reach))
-        reach = max(reach, end)
-    return covered / 1e6 / (steps + 1)
+    trips = [c for c in merge_groups(read_timeline(path))
+             if not c.tensor.startswith("hvdo.bench")]
+    per_step = 1e6 * (steps + 1)
+    out = {"all": covered(trips) / per_step}
+    for op in sorted({c.op for c in trips}):
+        out[op] = covered([c for c in trips if c.op == op]) / per_step
+    scatters = [c for c in trips if c.op == "REDUCESCATTER"]
+    if scatters:
+        out["REDUCESCATTER_after_backprop"] = exposed_after_last_enqueue(scatters) / per_step
+    return out
+
+
+def optimizer_state_bytes(opt: Any) -> dict[str, int]:
+    """Bytes this rank's optimizer keeps besides the model: its slots (momentum, moments...)
+    and, for ``sharded``, its parameter slices (the update targets)."""
+    def nbytes(vs: Any) -> int:
+        return sum(int(np.prod(v.shape)) * v.dtype.size for v in vs)
+
+    shards = getattr(getattr(opt, "_hvdo", None), "shards", None)
+    slots = [v for v in opt.variables() if v is not opt.iterations and v.shape.rank]
+    slices: list = []
+    if shards is not None:
+        slots += [v for d in shards.slots.values() for v in d.values()]
+        slices = list(shards.params.values())
+    return {"slots": nbytes(slots), "slices": nbytes(slices)}
 
 
 def progress(message: str) -> None:
@@ -149,13 +171,15 @@ def run(cfg: BenchConfig) -> dict[str, Any] | None:
                 progress(f"round {r + 1}/{cfg.rounds} {s:<10} {times[s][-1] * 1e3:8.1f} ms/step")
     wire = {s: wire_time_per_step(trainees[s], data, cfg.steps, f"{r}.{s}")
             for s in cfg.strategies if s != LOCAL}
+    memory = {s: optimizer_state_bytes(t.model.optimizer) for s, t in trainees.items()}
     if rank != 0:
         return None
     model = next(iter(trainees.values())).model
     return {"config": json.loads(cfg.to_json()), "ranks": size,
             "global_batch": cfg.batch_size * size, "params": model.count_params(),
             "grad_bytes": gradient_bytes(model), "step_times": times,
-            "wire_time_per_step_s": wire,
+            "wire_time_per_step_s": {s: w and w["all"] for s, w in wire.items()},
+            "wire_by_collective_s": wire, "optimizer_state_bytes": memory,
             "pinned": pinned is not None, "load_avg_1min": os.getloadavg()[0],
             "versions": {"tensorflow": tf.__version__, "horovod": horovod.__version__,
                          "python": platform.python_version()},

@@ -14,11 +14,12 @@ import warnings
 from typing import Any
 
 import horovod.tensorflow as hvd
+import numpy as np
 import tensorflow as tf
 
 from hvd_overlap import _env
 from hvd_overlap.keras.deferral import Deferral
-from hvd_overlap.keras.sharded import Shards
+from hvd_overlap.keras.sharded import Shards, plain_order, stale_state_error
 from hvd_overlap.plan import BACKWARD, DEFAULT_BUCKET_BYTES, FORWARD, Plan
 from hvd_overlap.reducer import GradientReducer
 from hvd_overlap.sharding import ShardLayout, partition
@@ -47,6 +48,7 @@ class _DistributedMixin:
     """Placed before the wrapped optimizer class in the MRO; only ``apply_gradients`` changes."""
 
     _hvdo: _State
+    _hvdo_mixin = True  # marks the plugin's class in the MRO (the next one is the user's)
 
     @property
     def strategy(self) -> str:
@@ -222,6 +224,54 @@ class _DistributedMixin:
             variables[seg.index].assign(value)
         return tf.constant(True)
 
+    def build(self, var_list):
+        """``sharded``: slots are built for the parameter slices at the first step, not for
+        the model's variables (a user's ``opt.build(model.trainable_variables)`` is a no-op)."""
+        sh = getattr(self, "_hvdo", None) and self._hvdo.shards
+        if sh and not sh.building:
+            return None
+        return super().build(var_list)
+
+    def save_own_variables(self, store):
+        """``.keras`` files: ``sharded`` saves the gathered state in the plain optimizer's own
+        layout, so the file loads like one saved by stock Horovod (with or without the plugin,
+        on any number of ranks)."""
+        sh = self._hvdo.shards
+        if sh is None or sh.layout is None or _is_legacy(self):
+            parent = getattr(super(), "save_own_variables", None)  # legacy: none, as stock
+            return parent(store) if parent else None
+        step = int(self.iterations.numpy())
+        if sh.checkpoint.iterations != step:
+            raise stale_state_error(step, sh.checkpoint.iterations)
+        variables = self._hvdo.deferral.variables
+        store["0"] = self.iterations.numpy()
+        for k, (slot, index, initial) in enumerate(plain_order(self, variables), start=1):
+            saved = sh.checkpoint.slots.get(slot, {}).get(index)
+            # a variable without gradient keeps its initial slot value, as in stock Horovod
+            store[str(k)] = saved if saved is not None else np.full(
+                variables[index].shape, initial, variables[index].dtype.as_numpy_dtype)
+        return None
+
+    def load_own_variables(self, store):
+        sh = self._hvdo.shards
+        if sh is None or _is_legacy(self):
+            parent = getattr(super(), "load_own_variables", None)
+            return parent(store) if parent else None
+        if sh.layout is None:
+            raise ValueError("load a .keras file into a sharded optimizer after its first step "
+                             "(or use model.load_weights with a TensorFlow checkpoint, which can "
+                             "be read before training)")
+        order = plain_order(self, self._hvdo.deferral.variables)
+        if len(store.keys()) != len(order) + 1:
+            raise ValueError(f"the file's optimizer has {len(store.keys())} variables, "
+                             f"{type(self).__name__} on this model would have {len(order) + 1}")
+        slots: dict = {}
+        for k, (slot, index, _) in enumerate(order, start=1):
+            slots.setdefault(slot, {})[index] = np.asarray(store[str(k)])
+        self.iterations.assign(np.asarray(store["0"]))
+        sh.checkpoint.restore(slots, int(self.iterations.numpy()))
+        return None
+
     def _trackable_children(self, save_type="checkpoint", **kwargs):
         """``sharded``: this rank's slot slices are not checkpointed as the optimizer's own
         variables (another rank, or another number of ranks, could not use them); the gathered
@@ -330,6 +380,10 @@ class _OverlapTrainStep:
             d.needs_retrace = False
             self._fn = self._trace()
         return out
+
+
+def _is_legacy(opt) -> bool:
+    return isinstance(opt, tf.keras.optimizers.legacy.Optimizer)
 
 
 def _holds_any(child, ids: set[int]) -> bool:

@@ -41,6 +41,7 @@ class Shards:
         self.slots: dict[int, dict[str, tf.Variable]] = {}     # bucket -> slot name -> slice
         self.decay_masks: dict[int, tf.Tensor] = {}            # bucket -> 1 where decay applies
         self.checkpoint = ShardedCheckpoint(self)
+        self.building = False  # True while the optimizer builds its slots for the slices
 
     def create(self, opt, layout: ShardLayout, variables: Sequence[tf.Variable]) -> None:
         """Slice variables, the optimizer's slots for them (hidden from ``variables()``), and
@@ -121,6 +122,12 @@ class ShardedCheckpoint(trackable.Trackable):
     def set(self, iterations: int, slots: dict[str, dict[int, np.ndarray]]) -> None:
         self.iterations, self.slots = iterations, slots
 
+    def restore(self, slots: dict[str, dict[int, np.ndarray]], iterations: int | None) -> None:
+        """Whole arrays read from a checkpoint: set now, or when the slices are built."""
+        self.slots, self.iterations = slots, iterations
+        self.pending = slots if slots else None
+        self.apply_pending()
+
     def apply_pending(self) -> None:
         if self.pending is not None and self._shards.layout is not None:
             self._shards.load_state(self.pending)
@@ -145,21 +152,13 @@ class ShardedCheckpoint(trackable.Trackable):
     def _restore_from_tensors(self, restored):
         layout = json.loads(restored["layout"].numpy().decode())
         if layout["trained"] and layout["iterations"] != layout["saved_at"]:
-            raise ValueError(
-                f"this checkpoint holds weights of step {layout['saved_at']} but sharded optimizer "
-                f"state of step {layout['iterations']} (None: never gathered): it was saved "
-                "without gathering the state first. Save where OverlapCallback gathers it (end of "
-                "epoch, or pass "
-                "OverlapCallback(flush_every=N) for ModelCheckpoint(save_freq=N)), or call "
-                "opt.flush(); opt.gather_state() on every rank before saving.")
+            raise stale_state_error(layout["saved_at"], layout["iterations"])
         data = {d: restored[d].numpy() for d in _STATE_DTYPES}
         slots: dict[str, dict[int, np.ndarray]] = {}
         for slot, index, shape, d, offset in layout["entries"]:
             size = int(np.prod(shape))
             slots.setdefault(slot, {})[int(index)] = data[d][offset:offset + size].reshape(shape)
-        self.slots, self.iterations = slots, layout["iterations"]
-        self.pending = slots if slots else None
-        self.apply_pending()
+        self.restore(slots, layout["iterations"])
         return tf.no_op()
 
 
@@ -168,8 +167,10 @@ def _build_slots(opt, params: dict[int, tf.Variable]) -> dict[int, dict[str, tf.
     ``opt.variables()`` (and so out of broadcasts and the optimizer's own checkpoint entries)."""
     shard_vars = list(params.values())
     slots: dict[int, dict[str, tf.Variable]] = {b: {} for b in params}
-    if isinstance(opt, tf.keras.optimizers.legacy.Optimizer):
+    opt._hvdo.shards.building = True
+    if isinstance(opt, tf.keras.optimizers.legacy.Optimizer):  # slots via add_slot
         opt._create_all_weights(shard_vars)
+        opt._hvdo.shards.building = False
         for b, p in params.items():
             for n in opt.get_slot_names():
                 try:
@@ -181,6 +182,7 @@ def _build_slots(opt, params: dict[int, tf.Variable]) -> dict[int, dict[str, tf.
         return slots
     before = {id(v) for v in opt.variables}
     opt.build(shard_vars)
+    opt._hvdo.shards.building = False
     owner = {p._shared_name: b for b, p in params.items()}
     for v in opt.variables:
         if id(v) in before:
@@ -210,3 +212,31 @@ def _decay_masks(opt, layout: ShardLayout, variables, rank: int) -> dict[int, tf
                 for s in b.segments}
         masks[b.bucket] = tf.constant(own_slice(b, ones, rank))
     return masks
+
+
+def stale_state_error(weights_step: int, state_step: int | None) -> ValueError:
+    return ValueError(
+        f"weights of step {weights_step} but sharded optimizer state of step {state_step} "
+        "(None: never gathered): the state was not gathered before saving. Save where "
+        "OverlapCallback gathers it (end of epoch, or pass OverlapCallback(flush_every=N) for "
+        "ModelCheckpoint(save_freq=N)), or call opt.flush(); opt.gather_state() on every rank "
+        "before saving.")
+
+
+def plain_order(opt, variables: Sequence[tf.Variable]) -> list[tuple[str, int, float]]:
+    """(slot name, variable index, initial value) of every variable the plain optimizer (the
+    wrapped class) would keep after its step counter, in its order (that of
+    ``save_own_variables``); found by building one on 1-element stand-ins, so no full-size slot
+    is ever allocated."""
+    base = next(c for c in type(opt).__mro__[1:] if not getattr(c, "_hvdo_mixin", False))
+    plain = base.from_config(opt.get_config())
+    with tf.init_scope():
+        probes = [tf.Variable(tf.zeros([1], v.dtype), name=f"hvdo_probe{i}")
+                  for i, v in enumerate(variables)]
+        plain.build(probes)
+    order = []
+    for v in plain.variables[1:]:
+        prefix, _, var_name = v.name.split(":")[0].rpartition("/")
+        order.append((prefix.rpartition("/")[2], int(var_name[len("hvdo_probe"):]),
+                      float(v.numpy()[0])))
+    return order

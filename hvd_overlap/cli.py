@@ -202,6 +202,9 @@ def profile(model_spec: str, batch_size: int, device_tflops: float | None, image
 @click.option("--fusion-mb", type=float, default=128, show_default=True,
               help="HOROVOD_FUSION_THRESHOLD (MiB)")
 @click.option("--bucket-mb", type=float, default=4, show_default=True, help="plan bucket_bytes")
+@click.option("--defer", type=int,
+              help="input-side buckets deferred to the next step by hybrid, sharded and "
+                   "sharded_hybrid (-1: all) [default: half the bytes; sharded: all]")
 @click.option("--device-tflops", type=float,
               help="re-time FLOPs profiles at this rate (TFLOP/s)")
 @click.option("--published", "published", multiple=True, type=float,
@@ -217,7 +220,7 @@ def profile(model_spec: str, batch_size: int, device_tflops: float | None, image
 def simulate(profile_paths: tuple[str, ...], np_: str, bandwidth: str, latency: str,
              strategies: str, cycle_ms: float, negotiation_ms: float | None,
              negotiation_growth: str, tensor_us: float | None, cpu_steal: float,
-             comm_slowdown: float, fusion_mb: float, bucket_mb: float,
+             comm_slowdown: float, fusion_mb: float, bucket_mb: float, defer: int | None,
              device_tflops: float | None, published: tuple[float, ...], validate: bool,
              md_path: str | None, json_path: str | None, plot_path: str | None) -> None:
     """Predict the step time of each strategy on a cluster from PROFILEs (files from
@@ -262,6 +265,10 @@ def simulate(profile_paths: tuple[str, ...], np_: str, bandwidth: str, latency: 
             comm_slowdown=comm_slowdown, fusion_bytes=int(fusion_mb * 2**20),
             bucket_bytes=int(bucket_mb * 2**20))
         names = [s.strip() for s in strategies.split(",") if s.strip()]
+        unknown = [s for s in names if s not in sim.STRATEGIES]
+        if unknown or not names:
+            raise ValueError(f"--strategies {','.join(unknown) or '(empty)'}: choose from "
+                             f"{', '.join(sim.STRATEGIES)}")
         ranks = scaling.parse_ranks(np_)
         runs = {}
         for path in profile_paths:
@@ -271,13 +278,14 @@ def simulate(profile_paths: tuple[str, ...], np_: str, bandwidth: str, latency: 
                     raise ValueError(f"{path}: --device-tflops re-times FLOPs profiles only "
                                      "(`hvd-overlap profile --device-tflops`)")
                 prof = prof.scaled(prof.meta["device_tflops"] / device_tflops)
-            runs[path] = (prof, sim.sweep(prof, cluster, ranks, names))
+            runs[path] = (prof, sim.sweep(prof, cluster, ranks, names, defer))
     except (ValueError, FileNotFoundError) as e:
         raise click.UsageError(str(e)) from None
     click.echo(f"link {bandwidth}/rank, latency {latency}/hop, cycle {cycle_ms} ms, fusion "
                f"{fusion_mb:g} MiB, negotiation {cluster.negotiation_s * 1e3:.3f} ms x "
                f"{negotiation_growth}(P), {cluster.tensor_s * 1e6:.0f} us/tensor, cpu steal "
-               f"{cpu_steal}, comm slowdown {comm_slowdown}")
+               f"{cpu_steal}, comm slowdown {comm_slowdown}"
+               + ("" if defer is None else f", defer {defer}"))
     for prof, results in runs.values():
         click.echo(f"\n{prof.model}: batch {prof.batch_size}/rank, "
                    f"{prof.grad_bytes / 2**20:.1f} MiB of gradients, compute "

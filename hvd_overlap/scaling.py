@@ -76,19 +76,22 @@ def measured_cluster(net: str, ranks: int = 2, overheads: dict[str, Any] | None 
 
 @dataclass(frozen=True)
 class Check:
-    """One strategy of one bench run: measured and predicted seconds per step."""
+    """One strategy of one bench run: measured and predicted seconds per step (``predicted``
+    None: a strategy the simulator does not model)."""
 
     model: str
     net: str
     strategy: str
     measured: float | None
-    predicted: float
+    predicted: float | None
     measured_wire: float | None = None
     predicted_wire: float | None = None
 
     @property
     def error(self) -> float | None:
-        return None if self.measured is None else self.predicted / self.measured - 1
+        if self.measured is None or self.predicted is None:
+            return None
+        return self.predicted / self.measured - 1
 
 
 def bench_profile_name(model: str, batch: int) -> str:
@@ -100,7 +103,8 @@ def validate_run(bench: dict[str, Any], overheads: dict[str, Any] | None = None,
                  strategies: Sequence[str] = STRATEGIES) -> tuple[list[Check], float]:
     """Predict every strategy of one bench run. The measured profile's compute is scaled so a
     step without communication takes the run's ``local`` time (the profile gives the shape,
-    the run the level); returns the checks and that scale."""
+    the run the level); returns the checks and that scale. A strategy the run measured that
+    the simulator does not know gets a check without a prediction."""
     raw, summary = bench["raw"], bench["strategies"]
     cfg = raw["config"]
     profile = load_profile(bench_profile_name(cfg["model"], cfg["batch_size"]))
@@ -109,12 +113,13 @@ def validate_run(bench: dict[str, Any], overheads: dict[str, Any] | None = None,
     profile = profile.scaled(scale)
     cluster = measured_cluster(cfg["net"], raw["ranks"], overheads)
     checks = []
-    for s in strategies:
-        r = simulate(profile, s, cluster)
+    unknown = [s for s in summary if s not in strategies and s not in STRATEGIES and s != "local"]
+    for s in [*strategies, *unknown]:
+        r = simulate(profile, s, cluster) if s in STRATEGIES else None
         m = summary.get(s)
         checks.append(Check(cfg["model"], cfg["net"], s,
-                            m["step_time_s"] if m else None, r.step_s,
-                            m.get("wire_s") if m else None, r.wire_s))
+                            m["step_time_s"] if m else None, r.step_s if r else None,
+                            m.get("wire_s") if m else None, r.wire_s if r else None))
     return checks, scale
 
 
@@ -133,12 +138,13 @@ def validation_markdown(paths: Sequence[str | Path], overheads_path: str | Path 
                      f"{statistics.median(bench['raw']['step_times']['local']) * 1e3:.0f} ms"
                      + (f"; `{bench['command']}`" if "command" in bench else ""))
         for c in checks:
-            err = "not measured yet" if c.error is None else \
+            err = "not modelled" if c.predicted is None else "not measured yet" \
+                if c.error is None else \
                 f"{c.error:+.1%}{'' if abs(c.error) <= TOLERANCE else ' **>15%**'}"
             lines.append(
                 f"| {c.model} | {c.net} | {c.strategy} | "
                 f"{'-' if c.measured is None else f'{c.measured * 1e3:.0f}'} | "
-                f"{c.predicted * 1e3:.0f} | {err} | "
+                f"{'-' if c.predicted is None else f'{c.predicted * 1e3:.0f}'} | {err} | "
                 f"{'-' if not c.measured_wire else f'{c.measured_wire * 1e3:.0f}'} | "
                 f"{'-' if c.predicted_wire is None else f'{c.predicted_wire * 1e3:.0f}'} |")
     measured = [c for c in every if c.error is not None]
@@ -155,11 +161,11 @@ def validation_markdown(paths: Sequence[str | Path], overheads_path: str | Path 
 def format_results(results: Sequence[StepResult]) -> str:
     """Fixed-width table: one row per (ranks, strategy), with the ratio to stock Horovod."""
     base = {r.ranks: r.step_s for r in results if r.strategy == "horovod"}
-    lines = [f"{'ranks':>6} {'strategy':<10} {'step ms':>9} {'efficiency':>10} "
+    lines = [f"{'ranks':>6} {'strategy':<14} {'step ms':>9} {'efficiency':>10} "
              f"{'exposed ms':>10} {'wire ms':>9} {'ops':>5} {'vs horovod':>10}"]
     for r in results:
         ratio = f"{base[r.ranks] / r.step_s:.2f}x" if r.ranks in base else "-"
-        lines.append(f"{r.ranks:>6} {r.strategy:<10} {r.step_s * 1e3:>9.1f} "
+        lines.append(f"{r.ranks:>6} {r.strategy:<14} {r.step_s * 1e3:>9.1f} "
                      f"{r.efficiency:>10.3f} {r.exposed_s * 1e3:>10.1f} {r.wire_s * 1e3:>9.1f} "
                      f"{r.collectives:>5} {ratio:>10}")
     return "\n".join(lines)
@@ -224,10 +230,12 @@ def plot_validation(path: str | Path, checks: Sequence[Check]) -> None:
         xs = range(len(rows))
         ax.bar([x - 0.2 for x in xs], [(c.measured or 0) * 1e3 for c in rows], 0.4,
                label="measured", color="0.55")
-        ax.bar([x + 0.2 for x in xs], [c.predicted * 1e3 for c in rows], 0.4,
+        ax.bar([x + 0.2 for x in xs], [(c.predicted or 0) * 1e3 for c in rows], 0.4,
                label="predicted", color="C0")
         for x, c in zip(xs, rows, strict=True):
-            if c.error is not None:
+            if c.predicted is None:
+                ax.annotate("not\nmodelled", (x + 0.2, 0), ha="center", va="bottom", fontsize=6)
+            elif c.error is not None:
                 ax.annotate(f"{c.error:+.0%}", (x, max(c.measured, c.predicted) * 1e3),
                             ha="center", va="bottom", fontsize=7)
         ax.set_xticks(list(xs), [c.strategy for c in rows], rotation=30, fontsize=8)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hvd_overlap.plan import Plan, fmt_bytes, itemsize
+from hvd_overlap.plan import FORWARD, Plan, fmt_bytes, itemsize
 
 
 @dataclass(frozen=True)
@@ -41,6 +41,7 @@ class BucketShards:
     dtype: str
     segments: tuple[Segment, ...]
     ranks: int
+    phase: str = FORWARD  # when the updated slices are all-gathered (FORWARD: next step)
 
     @property
     def total(self) -> int:
@@ -66,7 +67,8 @@ class BucketShards:
 
 @dataclass(frozen=True)
 class ShardLayout:
-    """Every bucket's slices, in plan order (backward order; all-gathers run in reverse)."""
+    """Every bucket's slices, in plan order: the buckets all-gathered in this step's backprop
+    (backward order), then those all-gathered at the next step's start (forward order)."""
 
     ranks: int
     buckets: tuple[BucketShards, ...]
@@ -78,10 +80,11 @@ class ShardLayout:
         lines = [f"shards: ranks={self.ranks} buckets={len(self.buckets)} "
                  f"total={fmt_bytes(total)} per rank={fmt_bytes(mine)}",
                  f"{'bucket':>6}  {'dtype':<8} {'elements':>10} {'padding':>7} "
-                 f"{'per rank':>9}  layers"]
+                 f"{'per rank':>9}  {'all-gather':<10}  layers"]
         for b in self.buckets:
+            when = "next step" if b.phase == FORWARD else "backprop"
             lines.append(f"{b.bucket:>6}  {b.dtype:<8} {b.total:>10} {b.padding:>7} "
-                         f"{b.shard_size:>9}  {', '.join(b.layers)}")
+                         f"{b.shard_size:>9}  {when:<10}  {', '.join(b.layers)}")
         return "\n".join(lines)
 
     def __str__(self) -> str:
@@ -101,7 +104,7 @@ def partition(plan: Plan, ranks: int) -> ShardLayout:
                 segments.append(Segment(v.index, v.name, v.layer, v.shape, offset, v.size))
                 offset += v.size
         if segments:
-            buckets.append(BucketShards(b.index, b.dtype, tuple(segments), ranks))
+            buckets.append(BucketShards(b.index, b.dtype, tuple(segments), ranks, b.phase))
     return ShardLayout(ranks, tuple(buckets))
 
 

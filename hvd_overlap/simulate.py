@@ -19,8 +19,14 @@ two slow each other down while they overlap: compute runs at ``1 - cpu_steal`` o
 a transfer takes ``comm_slowdown`` times as long. Both are 0 / 1 on a GPU cluster.
 
 The steady-state step starts with an idle channel (every collective of the previous step's graph
-has finished when ``train_function`` returns); ``deferred`` buckets and ``sharded``'s all-gathers
-carry the previous step's gradients / parameters, so the step is the same every time.
+has finished when ``train_function`` returns); ``deferred`` buckets and the deferred all-gathers
+of ``sharded`` / ``sharded_hybrid`` carry the previous step's gradients / parameters, so the step
+is the same every time.
+
+Updates run after backprop, in program order, except one case: ``sharded_hybrid`` (and
+``sharded`` with ``defer`` below the number of buckets) updates each backprop-phase bucket's
+slice as soon as its reduce-scatter is done, pausing backprop meanwhile (an *eager* task), and
+issues that bucket's all-gather right after.
 """
 
 from __future__ import annotations
@@ -34,9 +40,10 @@ from typing import Any
 
 import numpy as np
 
-from hvd_overlap.plan import DEFAULT_BUCKET_BYTES, VarSpec, build_layerwise_plan
+from hvd_overlap.plan import DEFAULT_BUCKET_BYTES, VarSpec, build_layerwise_plan, half_the_bytes
 
-STRATEGIES = ("horovod", "layerwise", "deferred", "hybrid", "sharded")
+STRATEGIES = ("horovod", "layerwise", "deferred", "hybrid", "sharded", "sharded_hybrid")
+SHARDED = ("sharded", "sharded_hybrid")  # reduce-scatter + all-gather
 FUSION_BYTES = 128 * 1024 * 1024  # HOROVOD_FUSION_THRESHOLD default
 CYCLE_S = 1e-3                    # HOROVOD_CYCLE_TIME default in Horovod 0.28.1 (1 ms)
 PROFILE_FORMAT = "hvd-overlap-profile/1"
@@ -182,12 +189,15 @@ class Request:
 
 @dataclass
 class Task:
-    """Compute work in program order; waits for requests, issues requests when done."""
+    """Compute work in program order; waits for requests, issues requests when done.
+    ``eager``: not in program order -- runs as soon as its requests are done, pausing the
+    program-order task meanwhile (one at a time, to completion)."""
 
     label: str
     work: float
     waits: tuple[int, ...] = ()
     issues: tuple[int, ...] = ()
+    eager: bool = False
 
 
 @dataclass(frozen=True)
@@ -245,16 +255,23 @@ def buckets_of(profile: Profile, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> li
 
 
 def default_defer(buckets: Sequence[_Bucket]) -> int:
-    """Hybrid's default: the input-side buckets holding at most half the bytes (at least one);
-    the rule of ``hvd_overlap.strategies.deferred.half_the_bytes``."""
-    total = sum(b.nbytes for b in buckets)
-    deferred, acc = 0, 0
-    for b in reversed(buckets):
-        if acc + b.nbytes > total / 2:
-            break
-        acc += b.nbytes
-        deferred += 1
-    return max(deferred, 1) if len(buckets) > 1 else 0
+    """Default of ``hybrid`` and ``sharded_hybrid``: the input-side buckets holding at most half
+    the bytes (at least one if there are several), ``hvd_overlap.plan.half_the_bytes``."""
+    return half_the_bytes([b.nbytes for b in buckets])
+
+
+def deferred_buckets(strategy: str, buckets: Sequence[_Bucket], defer: int | None = None) -> int:
+    """How many input-side buckets travel at the start of the next step: ``deferred`` all;
+    ``hybrid`` and ``sharded_hybrid`` ``defer`` (default: half the bytes); ``sharded`` ``defer``
+    (default: all; negative: all); the others none."""
+    n = len(buckets)
+    if strategy == "deferred":
+        return n
+    if strategy in ("hybrid", "sharded", "sharded_hybrid"):
+        if defer is None:
+            return n if strategy == "sharded" else default_defer(buckets)
+        return n if defer < 0 else min(defer, n)
+    return 0
 
 
 def build_step(profile: Profile, strategy: str, cluster: Cluster,
@@ -271,15 +288,16 @@ def build_step(profile: Profile, strategy: str, cluster: Cluster,
         return len(reqs) - 1
 
     buckets = buckets_of(profile, cluster.bucket_bytes)
-    n_defer = {"deferred": len(buckets), "sharded": len(buckets),
-               "hybrid": default_defer(buckets) if defer is None else min(defer, len(buckets))
-               }.get(strategy, 0)
+    n_defer = deferred_buckets(strategy, buckets, defer)
+    sharded = strategy in SHARDED
     # early: reduced (sharded: reduce-scattered) during this step's backprop; late: travel at
-    # the start of the step, in forward order (sharded: the all-gather of updated parameters)
-    early = buckets if strategy == "sharded" else buckets[:len(buckets) - n_defer]
+    # the start of the step, in forward order (sharded: the all-gather of updated parameters;
+    # the early-only ones are all-gathered right after their update, in backprop)
+    early = buckets if sharded else buckets[:len(buckets) - n_defer]
     late = buckets[len(buckets) - n_defer:]
-    kind_late = "allgather" if strategy == "sharded" else "allreduce"
-    kind_early = "reduce_scatter" if strategy == "sharded" else "allreduce"
+    late_index = {b.index for b in late}
+    kind_late = "allgather" if sharded else "allreduce"
+    kind_early = "reduce_scatter" if sharded else "allreduce"
 
     # start of the step: the late buckets in forward order, one after the other
     waits_before: dict[int, tuple[int, ...]] = {}
@@ -290,7 +308,7 @@ def build_step(profile: Profile, strategy: str, cluster: Cluster,
                       label=f"{kind_late} bucket {b.index}", at_start=prev is None, after=prev)
         prev = rid
         first = b.layers[0]
-        if strategy == "sharded":   # parameters arrive already updated
+        if sharded:                 # parameters arrive already updated
             waits_before[first] = (rid,)
         else:                       # the update is applied right before the layer's forward
             pre[first] = Task(f"update bucket {b.index}", b.update_s, (rid,))
@@ -303,6 +321,7 @@ def build_step(profile: Profile, strategy: str, cluster: Cluster,
     # backward, output layer first; collectives issued as gradients appear
     ready_at = {b.layers[0]: b for b in early}
     post: list[Task] = []
+    eager: list[Task] = []
     for i in reversed(range(len(layers))):
         la = layers[i]
         issues: tuple[int, ...] = ()
@@ -316,10 +335,17 @@ def build_step(profile: Profile, strategy: str, cluster: Cluster,
             rid = request(kind=kind_early, nbytes=b.nbytes, tensors=b.tensors,
                           label=f"{kind_early} bucket {b.index}")
             issues = (rid,)
-            share = cluster.ranks if strategy == "sharded" else 1
-            post.append(Task(f"update bucket {b.index}", b.update_s / share, (rid,)))
+            if not sharded:
+                post.append(Task(f"update bucket {b.index}", b.update_s, (rid,)))
+            elif b.index in late_index:  # all-gathered at the next step's start
+                post.append(Task(f"update bucket {b.index}", b.update_s / cluster.ranks, (rid,)))
+            else:  # updated as soon as reduce-scattered, then all-gathered in this backprop
+                ag = request(kind="allgather", nbytes=b.nbytes, tensors=b.tensors,
+                             label=f"allgather bucket {b.index}")
+                eager.append(Task(f"update bucket {b.index}", b.update_s / cluster.ranks,
+                                  (rid,), (ag,), eager=True))
         tasks.append(Task(f"backward {la.name}", la.backward_s, issues=issues))
-    return tasks + post, reqs
+    return tasks + post + eager, reqs
 
 
 # --- the event loop ----------------------------------------------------------------------------
@@ -351,13 +377,18 @@ def _responses(cluster: Cluster, ready: list[int], reqs: Sequence[Request]) -> l
 
 
 def run_step(tasks: Sequence[Task], reqs: Sequence[Request], cluster: Cluster) -> dict[str, Any]:
-    """Simulate; returns the step's end, the seconds spent transferring, the collectives run."""
+    """Simulate; returns the step's end, the seconds spent transferring, the collectives run
+    and when each request (by label) was done."""
     inf = math.inf
     issued: dict[int, float] = {i: 0.0 for i, r in enumerate(reqs) if r.at_start}
     done: dict[int, float] = {}
     taken: set[int] = set()
     successors = {r.after: i for i, r in enumerate(reqs) if r.after is not None}
-    t, k, remaining_c = 0.0, 0, None   # compute: task index, work left of the running task
+    program = [i for i, tk in enumerate(tasks) if not tk.eager]
+    eager = [i for i, tk in enumerate(tasks) if tk.eager]
+    left = {i: tk.work for i, tk in enumerate(tasks)}  # compute: work left of each task
+    finished: set[int] = set()
+    t, k = 0.0, 0                      # k: next program-order task (index into program)
     phase, phase_end, remaining_m = "idle", 0.0, 0.0  # channel
     last_cycle, anchor, cycle_ops, current = 0.0, 0.0, [], []
     wire, n_ops = 0.0, 0
@@ -373,13 +404,23 @@ def run_step(tasks: Sequence[Task], reqs: Sequence[Request], cluster: Cluster) -
             return anchor + late
         return anchor + math.ceil(late / cluster.cycle_s - 1e-9) * cluster.cycle_s
 
+    def pick() -> int | None:
+        """The task computing now: an eager one already started or ready, else the next
+        program-order one if its requests are done."""
+        ready = [i for i in eager if i not in finished and
+                 (left[i] < tasks[i].work or all(w in done for w in tasks[i].waits))]
+        if ready:
+            return min(ready, key=lambda i: (left[i] == tasks[i].work, i))  # started first
+        if k < len(program) and all(w in done for w in tasks[program[k]].waits):
+            return program[k]
+        return None
+
     while True:
-        if remaining_c is None and k < len(tasks) and all(w in done for w in tasks[k].waits):
-            remaining_c = tasks[k].work
-        busy_c, busy_m = remaining_c is not None, phase == "transfer"
+        running = pick()
+        busy_c, busy_m = running is not None, phase == "transfer"
         rate_c = 1.0 - cluster.cpu_steal if busy_m else 1.0
         rate_m = 1.0 / cluster.comm_slowdown if busy_c else 1.0
-        t_c = t + remaining_c / rate_c if busy_c else inf
+        t_c = t + left[running] / rate_c if busy_c else inf
         if phase == "idle":
             t_m = next_cycle()
         elif phase == "negotiate":
@@ -391,15 +432,17 @@ def run_step(tasks: Sequence[Task], reqs: Sequence[Request], cluster: Cluster) -
             break
         dt = t_next - t
         if busy_c:
-            remaining_c -= dt * rate_c
+            left[running] -= dt * rate_c
         if busy_m:
             remaining_m -= dt * rate_m
             wire += dt
         t = t_next
-        if busy_c and remaining_c <= _EPS:
-            for rid in tasks[k].issues:
+        if busy_c and left[running] <= _EPS:
+            for rid in tasks[running].issues:
                 issued[rid] = t
-            k, remaining_c = k + 1, None
+            finished.add(running)
+            if not tasks[running].eager:
+                k += 1
         if t_m <= t + _EPS:
             if phase == "idle":
                 last_cycle = t
@@ -423,16 +466,19 @@ def run_step(tasks: Sequence[Task], reqs: Sequence[Request], cluster: Cluster) -
                     phase = "transfer"
                 else:  # Horovod's loop starts the next cycle one cycle_s after this one
                     phase, anchor = "idle", max(last_cycle + cluster.cycle_s, t)
-    if k < len(tasks) or len(done) < len(reqs):
-        raise RuntimeError(f"simulation stalled at task {k}/{len(tasks)}, "
+    if len(finished) < len(tasks) or len(done) < len(reqs):
+        raise RuntimeError(f"simulation stalled: {len(finished)}/{len(tasks)} tasks, "
                            f"{len(done)}/{len(reqs)} collectives done")
     end = max([t] + list(done.values()))
-    return {"end": end, "wire": wire, "collectives": n_ops}
+    return {"end": end, "wire": wire, "collectives": n_ops,
+            "done": {reqs[i].label: done[i] for i in sorted(done)}}
 
 
 def simulate(profile: Profile, strategy: str, cluster: Cluster,
              defer: int | None = None) -> StepResult:
-    """One steady-state step of ``strategy`` on ``cluster``."""
+    """One steady-state step of ``strategy`` on ``cluster``; ``defer``: input-side buckets
+    deferred to the next step (``hybrid``, ``sharded``, ``sharded_hybrid``; see
+    ``deferred_buckets``)."""
     compute = profile.compute_s  # the compute-only baseline: local training, full update
     if cluster.ranks == 1:
         return StepResult(strategy, 1, compute, compute, 0.0, 0, 0.0)
@@ -444,6 +490,7 @@ def simulate(profile: Profile, strategy: str, cluster: Cluster,
 
 
 def sweep(profile: Profile, cluster: Cluster, ranks: Sequence[int],
-          strategies: Sequence[str] = STRATEGIES) -> list[StepResult]:
-    """Every strategy at every rank count."""
-    return [simulate(profile, s, replace(cluster, ranks=p)) for p in ranks for s in strategies]
+          strategies: Sequence[str] = STRATEGIES, defer: int | None = None) -> list[StepResult]:
+    """Every strategy at every rank count (``defer``: see ``simulate``)."""
+    return [simulate(profile, s, replace(cluster, ranks=p), defer)
+            for p in ranks for s in strategies]

@@ -4,7 +4,7 @@
 import numpy as np
 import pytest
 
-from hvd_overlap.plan import REDUCE_SCATTER, VarSpec, build_layerwise_plan
+from hvd_overlap.plan import BACKWARD, FORWARD, REDUCE_SCATTER, VarSpec, build_layerwise_plan
 from hvd_overlap.sharding import join_slices, own_slice, partition, segment_sizes
 
 
@@ -73,8 +73,23 @@ def test_bad_input():
 def test_sharded_plan_says_how_buckets_travel():
     from hvd_overlap.strategies import CommSettings, get_strategy
 
-    strategy = get_strategy("sharded")(CommSettings("t", None, None, bucket_bytes=80))
-    plan = strategy.build_plan(specs())
+    def plan_of(name, **kw):
+        return get_strategy(name)(CommSettings("t", None, None, bucket_bytes=80, **kw)
+                                  ).build_plan(specs()[:4])  # layers a and b
+
+    plan = plan_of("sharded")
     assert {b.collective for b in plan.buckets} == {REDUCE_SCATTER}
+    # every all-gather waits for the next step, input side first
+    assert [b.phase for b in plan.buckets] == [FORWARD, FORWARD]
+    assert [b.layers for b in plan.buckets] == [("a",), ("b",)]
     text = plan.describe()
     assert "reducescatter" in text and "all-gathered" in text
+    layout = partition(plan, 2)
+    rows = layout.describe().splitlines()[2:]
+    assert all("next step" in r for r in rows)
+    # sharded_hybrid: at least one input-side bucket waits (a: 80 of 152 bytes, more than half,
+    # yet one is the minimum); the output-side one is all-gathered in backprop
+    hybrid = plan_of("sharded_hybrid")
+    assert [(b.layers, b.phase) for b in hybrid.buckets] == [(("b",), BACKWARD), (("a",), FORWARD)]
+    assert [b.phase for b in plan_of("sharded_hybrid", defer=0).buckets] == [BACKWARD] * 2
+    assert [b.phase for b in plan_of("sharded", defer=1).buckets] == [BACKWARD, FORWARD]

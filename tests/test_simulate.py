@@ -12,13 +12,16 @@ from hvd_overlap.flops import layer_flops
 from hvd_overlap.plan import VarSpec, build_layerwise_plan
 from hvd_overlap.scaling import parse_duration, parse_ranks, validation_markdown
 from hvd_overlap.simulate import (
+    SHARDED,
     STRATEGIES,
     Cluster,
     Layer,
     Profile,
     buckets_of,
+    build_step,
     default_defer,
     load_profile,
+    run_step,
     simulate,
 )
 
@@ -69,6 +72,44 @@ def test_overlap_by_hand():
     assert step(TWO, "sharded", bucket_bytes=100) == pytest.approx(7.0)
 
 
+# Three layers a -> b -> c, 100 B each in 100 B buckets (backward order: c 0, b 1, a 2); at
+# P=2 and 100 B/s a reduce-scatter or all-gather of a bucket takes 0.5 s. Forward 0.25 s,
+# backward 1 s per layer; the update of a bucket 0.2 s, of its 1/P slice 0.1 s.
+THREE = Profile("three", 1, tuple(Layer(n, 0.25, 1.0, 100, tensors=1) for n in "abc"),
+                update_s=0.6)
+
+
+def test_sharded_hybrid_by_hand():
+    c = cluster(bucket_bytes=100)
+    tasks, reqs = build_step(THREE, "sharded_hybrid", c)
+    out = run_step(tasks, reqs, c)
+    done = out["done"]
+    # half the bytes: only a (bucket 2) waits for the next step: all-gathered 0-0.5, forward
+    # a 0.5-0.75, b 0.75-1.0, c 1.0-1.25 without waiting; backward c 1.25-2.25, reduce-scatter
+    # c 2.25-2.75. c's slice is updated at once (2.75-2.85, backward b paused), c's all-gather
+    # 2.85-3.35 while backward b ends at 3.35; reduce-scatter b 3.35-3.85, update 3.85-3.95
+    # (backward a paused), all-gather b 3.95-4.45 while backward a ends at 4.45; reduce-scatter
+    # a 4.45-4.95, its update after backprop 4.95-5.05.
+    assert done == pytest.approx({"allgather bucket 2": 0.5, "reduce_scatter bucket 0": 2.75,
+                                  "allgather bucket 0": 3.35, "reduce_scatter bucket 1": 3.85,
+                                  "allgather bucket 1": 4.45, "reduce_scatter bucket 2": 4.95})
+    assert out["end"] == pytest.approx(5.05)
+    # output-side all-gathers finish in backprop (by 4.45), the input-side one in the forward
+    assert done["allgather bucket 1"] <= 4.45 + 1e-9 and done["allgather bucket 2"] == 0.5
+    # sharded: every all-gather chained at the start (0-0.5, 0.5-1, 1-1.5), forward a
+    # 0.5-0.75, b 1-1.25, c 1.5-1.75; backward 1.75-4.75; reduce-scatters 2.75-3.25,
+    # 3.75-4.25, 4.75-5.25; updates c, b 4.75-4.95, a 5.25-5.35
+    assert step(THREE, "sharded", bucket_bytes=100) == pytest.approx(5.35)
+    # every bucket deferred: sharded_hybrid is sharded; no bucket deferred: all in backprop
+    for defer in (3, 10, -1):
+        assert simulate(THREE, "sharded_hybrid", c, defer=defer).step_s == pytest.approx(5.35)
+    assert simulate(THREE, "sharded", c, defer=1).step_s == pytest.approx(5.05)
+    # defer=0: forward 0-0.75 without waiting, backward 0.75-3.95 (0.2 s of updates inside),
+    # reduce-scatter a 3.95-4.45, update 4.45-4.55, all-gather a 4.55-5.05
+    r = simulate(THREE, "sharded_hybrid", c, defer=0)
+    assert r.step_s == pytest.approx(5.05) and r.collectives == 6
+
+
 def test_cycles_and_negotiation():
     # cycles every 0.5 s, 0.1 s negotiation: b ready at 4.0 (a cycle starts then): 4.1-5.1;
     # next cycles at 5.1, 5.6, 6.1 -> a 6.2-7.2
@@ -104,13 +145,16 @@ def test_sharded_sends_the_bytes_of_one_allreduce_and_updates_a_shard():
     prof = Profile("p", 1, TWO.layers, update_s=0.8)
     for p in (2, 8, 64):
         c = cluster(ranks=p, bucket_bytes=100)
-        sharded, layerwise = simulate(prof, "sharded", c), simulate(prof, "layerwise", c)
-        assert sharded.wire_bytes == pytest.approx(layerwise.wire_bytes)
-        assert sharded.wire_bytes == pytest.approx(2 * (p - 1) / p * 200)
+        layerwise = simulate(prof, "layerwise", c)
+        for s in SHARDED:
+            sharded = simulate(prof, s, c)
+            assert sharded.wire_bytes == pytest.approx(layerwise.wire_bytes), s
+            assert sharded.wire_bytes == pytest.approx(2 * (p - 1) / p * 200), s
     # with a free link the step is the compute, and sharded updates 1/P of the bytes
     fast = cluster(ranks=4, bandwidth=1e15)
     assert simulate(prof, "layerwise", fast).step_s == pytest.approx(6.8)
     assert simulate(prof, "sharded", fast).step_s == pytest.approx(6.2)
+    assert simulate(prof, "sharded_hybrid", fast).step_s == pytest.approx(6.2)
 
 
 def test_scaling_with_ranks():
@@ -123,7 +167,7 @@ def test_scaling_with_ranks():
 
 
 def test_hybrid_default_matches_the_strategy():
-    from hvd_overlap.strategies.deferred import half_the_bytes
+    from hvd_overlap.plan import half_the_bytes
 
     sizes = [4000, 100, 2000, 50, 300]
     specs = [VarSpec(i, f"l{i}/k:0", (n,), "float32", f"l{i}") for i, n in enumerate(sizes)]
@@ -131,7 +175,7 @@ def test_hybrid_default_matches_the_strategy():
                                  for i, n in enumerate(sizes)))
     for budget in (1, 10_000, 2**20):
         assert default_defer(buckets_of(prof, budget)) == \
-            half_the_bytes(build_layerwise_plan(specs, budget))
+            half_the_bytes([b.nbytes for b in build_layerwise_plan(specs, budget).buckets])
 
 
 @pytest.mark.parametrize("name,total,trainable", [
@@ -196,6 +240,13 @@ def test_simulate_command_json_and_plot(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     bad = CliRunner().invoke(main, ["simulate", "no-such-profile"])
     assert bad.exit_code != 0 and "shipped" in bad.output
+    bad = CliRunner().invoke(main, ["simulate", "resnet50", "--strategies", "sharded,nope"])
+    assert bad.exit_code != 0 and "nope" in bad.output
+    res = CliRunner().invoke(main, ["simulate", "vgg16", "--np", "64", "--defer", "-1",
+                                    "--strategies", "sharded,sharded_hybrid", "--json", str(out)])
+    assert res.exit_code == 0, res.output  # every bucket deferred: the same step
+    a, b = json.loads(out.read_text())["profiles"]["vgg16"]["results"]
+    assert a["step_s"] == pytest.approx(b["step_s"])
 
 
 def test_validation_against_a_bench_run(tmp_path):
@@ -203,6 +254,8 @@ def test_validation_against_a_bench_run(tmp_path):
     bench = {"raw": {"config": {"model": "vgg", "net": "plain", "batch_size": 64},
                      "ranks": 2, "step_times": {"local": [local], "horovod": [hvd]}},
              "strategies": {"horovod": {"step_time_s": hvd, "wire_s": 0.1},
+                            "sharded_hybrid": {"step_time_s": hvd},
+                            "future": {"step_time_s": hvd},
                             "local": {"step_time_s": local}}}
     path = tmp_path / "b.json"
     path.write_text(json.dumps(bench))
@@ -210,7 +263,12 @@ def test_validation_against_a_bench_run(tmp_path):
     by = {c.strategy: c for c in checks}
     assert by["horovod"].measured == hvd and by["horovod"].error is not None
     assert by["sharded"].measured is None and "not measured yet" in table
-    assert all(c.predicted > local for c in checks)  # communication costs something
+    assert by["sharded_hybrid"].measured == hvd and by["sharded_hybrid"].error is not None
+    assert by["future"].predicted is None and by["future"].error is None
+    assert "| vgg | plain | future | 700 | - | not modelled |" in table
+    assert "local" not in by
+    # communication costs something
+    assert all(c.predicted > local for c in checks if c.predicted is not None)
     png, md = tmp_path / "v.png", tmp_path / "v.md"
     res = CliRunner().invoke(main, ["simulate", "--validate", str(path), "--plot", str(png),
                                     "--markdown", str(md)])

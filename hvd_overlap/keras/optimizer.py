@@ -108,9 +108,9 @@ class _DistributedMixin:
     def _hvdo_forward_phase(self) -> list:
         """One function per deferred bucket, in forward order, that brings its update in."""
         d = self._hvdo.deferral
-        if self._hvdo.shards is not None:
-            layout = self._hvdo.shards.layout
-            return [lambda b=b: self._hvdo_gather(b) for b in reversed(layout.buckets)]
+        if self._hvdo.shards is not None:  # the plan lists them in forward order
+            return [lambda b=b: self._hvdo_gather(b)
+                    for b in self._hvdo.shards.layout.buckets if b.phase == FORWARD]
         forward = d.plan.phase_buckets(FORWARD)
         strategy = self._hvdo.reducer.strategy
         variables = d.variables
@@ -207,12 +207,18 @@ class _DistributedMixin:
             sh.params[b.bucket].assign(sh.slice_of(b, variables))  # current weights, exactly
             pairs.append((piece, sh.params[b.bucket]))
         self._hvdo_apply_counted(pairs, count=True)
+        # backward-phase buckets now; on the first trace (no pre-forward phase in this graph
+        # yet) the forward-phase ones too, in forward order
+        for b in sh.layout.buckets:
+            if b.phase == BACKWARD:
+                self._hvdo_gather(b)
+        forward = [b for b in sh.layout.buckets if b.phase == FORWARD]
         if first:
             previous: list = []
-            for b in reversed(sh.layout.buckets):
+            for b in forward:
                 with tf.control_dependencies(previous):
                     previous = [self._hvdo_gather(b)]
-        else:
+        elif forward:
             d.pending.assign(True)
         return self.iterations
 

@@ -6,7 +6,7 @@ from hvd_overlap.strategies.base import CommSettings, Strategy
 from hvd_overlap.strategies.deferred import DeferredStrategy, HybridStrategy
 from hvd_overlap.strategies.horovod import HorovodStrategy
 from hvd_overlap.strategies.layerwise import LayerwiseStrategy
-from hvd_overlap.strategies.sharded import ShardedStrategy
+from hvd_overlap.strategies.sharded import ShardedHybridStrategy, ShardedStrategy
 
 STRATEGIES: dict[str, type[Strategy]] = {
     HorovodStrategy.name: HorovodStrategy,
@@ -14,6 +14,7 @@ STRATEGIES: dict[str, type[Strategy]] = {
     DeferredStrategy.name: DeferredStrategy,
     HybridStrategy.name: HybridStrategy,
     ShardedStrategy.name: ShardedStrategy,
+    ShardedHybridStrategy.name: ShardedHybridStrategy,
 }
 
 

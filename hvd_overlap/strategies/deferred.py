@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from hvd_overlap.plan import Plan, VarSpec, build_layerwise_plan
+from hvd_overlap.plan import Plan, VarSpec, build_layerwise_plan, half_the_bytes
 from hvd_overlap.strategies.layerwise import LayerwiseStrategy
 
 
@@ -34,18 +34,6 @@ class HybridStrategy(LayerwiseStrategy):
     def build_plan(self, specs: Sequence[VarSpec]) -> Plan:
         defer = self.settings.defer
         if defer is None:
-            defer = half_the_bytes(build_layerwise_plan(specs, self.settings.bucket_bytes))
+            plan = build_layerwise_plan(specs, self.settings.bucket_bytes)
+            defer = half_the_bytes([b.nbytes for b in plan.buckets])
         return build_layerwise_plan(specs, self.settings.bucket_bytes, self.name, defer=defer)
-
-
-def half_the_bytes(plan: Plan) -> int:
-    """Default split: defer the input-side buckets that hold at most half the gradient bytes
-    (they are produced last by backprop, and needed first by the next forward)."""
-    total = sum(b.nbytes for b in plan.buckets)
-    deferred, acc = 0, 0
-    for b in reversed(plan.buckets):  # input side first
-        if acc + b.nbytes > total / 2:
-            break
-        acc += b.nbytes
-        deferred += 1
-    return max(deferred, 1) if len(plan.buckets) > 1 else 0

@@ -16,25 +16,36 @@ from dataclasses import replace
 import tensorflow as tf
 
 from hvd_overlap.collectives import all_gather, reduce_scatter, scale_factors
-from hvd_overlap.plan import REDUCE_SCATTER, Plan, VarSpec, build_layerwise_plan
+from hvd_overlap.plan import REDUCE_SCATTER, Plan, VarSpec, build_layerwise_plan, half_the_bytes
 from hvd_overlap.sharding import BucketShards, segment_sizes
 from hvd_overlap.strategies.base import Grad, Strategy
 
 
 class ShardedStrategy(Strategy):
-    """Layerwise buckets, each reduce-scattered in backprop and all-gathered in the next forward."""
+    """Layerwise buckets, each reduce-scattered in backprop and all-gathered in the next forward
+    (with ``defer=k``: only the ``k`` input-side buckets; the others right after their update)."""
 
     name = "sharded"
     defers = True
     shards = True
 
+    def default_defer(self, plan: Plan) -> int:
+        """How many input-side buckets wait for the next forward to be all-gathered: all."""
+        return -1
+
     def build_plan(self, specs: Sequence[VarSpec]) -> Plan:
-        plan = build_layerwise_plan(specs, self.settings.bucket_bytes, strategy=self.name)
+        defer = self.settings.defer
+        if defer is None:
+            defer = self.default_defer(build_layerwise_plan(specs, self.settings.bucket_bytes))
+        plan = build_layerwise_plan(specs, self.settings.bucket_bytes, self.name, defer=defer)
         return replace(plan, buckets=tuple(replace(b, collective=REDUCE_SCATTER)
                                            for b in plan.buckets),
-                       notes=("sharded: each bucket is reduce-scattered during backprop, each "
-                              "rank updates its 1/P slice, and the slices are all-gathered at "
-                              "the start of the next step in forward order (input side first)",))
+                       notes=("sharded: every bucket is reduce-scattered during backprop and "
+                              "each rank updates its 1/P slice; phase says when the updated "
+                              "slices are all-gathered: 'backward' right after the update, in "
+                              "this step; 'forward' at the start of the next step, in forward "
+                              "order (input side first)",))
+
 
     def reduce(self, grads: Sequence[Grad], variables: Sequence[tf.Variable],
                plan: Plan) -> list[Grad]:
@@ -61,3 +72,14 @@ class ShardedStrategy(Strategy):
             flat = all_gather(piece, f"{self.settings.name}.ag{bucket.bucket}")
         pieces = tf.split(flat, segment_sizes(bucket), 0)
         return [tf.reshape(p, seg.shape) for p, seg in zip(pieces, bucket.segments, strict=False)]
+
+
+class ShardedHybridStrategy(ShardedStrategy):
+    """``sharded`` whose output-side buckets are all-gathered during backprop, right after their
+    update; only the input-side ones holding at most half the bytes (``defer=k`` to choose)
+    wait for the next forward, which is shorter than backprop."""
+
+    name = "sharded_hybrid"
+
+    def default_defer(self, plan: Plan) -> int:
+        return half_the_bytes([b.nbytes for b in plan.buckets])

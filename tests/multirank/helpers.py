@@ -170,6 +170,46 @@ def train_fit(model_name: str, opt_name: str, wrap, seed: int = 3, epochs: int =
     return Result(model)
 
 
+_stock_runs: dict[tuple[str, str], Result] = {}
+
+
+def stock_reference(model_name: str, opt_name: str) -> Result:
+    """Stock Horovod's ``train_fit`` run, computed once per (model, optimizer) on every rank
+    alike (ranks run the same tests in the same order, so they hit the cache alike)."""
+    key = (model_name, opt_name)
+    if key not in _stock_runs:
+        _stock_runs[key] = train_fit(model_name, opt_name, stock)
+    return _stock_runs[key]
+
+
+def step_pair(opt_factory: Callable[[], tf.keras.optimizers.Optimizer], wrap_ours,
+              model_name: str = "cnn_bn", steps: int = 6):
+    """The same custom-loop steps with ``wrap_ours`` (through ``make_train_step``) and with
+    stock Horovod, seed 5; no flush. Returns (model, opt, ref_model, ref_opt)."""
+    tf.keras.utils.set_random_seed(5)
+    model = MODELS[model_name]()
+    opt = wrap_ours(opt_factory())
+    tf.keras.utils.set_random_seed(5)
+    ref_model = MODELS[model_name]()
+    ref_opt = hvd.DistributedOptimizer(opt_factory())
+    x, y = rank_data(model_name, BATCH * steps)
+
+    def step_for(m, o):
+        def step(xb, yb):
+            with tf.GradientTape() as tape:
+                loss = LOSS(yb, m(xb, training=True))
+            o.minimize(loss, m.trainable_variables, tape=tape)
+        return step
+
+    run = opt.make_train_step(step_for(model, opt))
+    ref_run = tf.function(step_for(ref_model, ref_opt))
+    for i in range(steps):
+        xb, yb = x[i * BATCH:(i + 1) * BATCH], y[i * BATCH:(i + 1) * BATCH]
+        run(xb, yb)
+        ref_run(xb, yb)
+    return model, opt, ref_model, ref_opt
+
+
 def train_loop(model_name: str, opt_name: str, wrap, tape_wrap=None,
                seed: int = 3) -> Result:
     """A custom ``tf.GradientTape`` loop in a ``tf.function``: ``apply_gradients`` per step."""

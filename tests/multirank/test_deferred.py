@@ -5,7 +5,6 @@ import horovod.tensorflow.keras as hvd
 import pytest
 import tensorflow as tf
 
-import hvd_overlap.keras as hvdo
 from tests.multirank.helpers import (
     BATCH,
     EPOCHS,
@@ -18,24 +17,14 @@ from tests.multirank.helpers import (
     ours,
     rank_data,
     same_on_all_ranks,
-    stock,
+    step_pair,
+    stock_reference,
     train_fit,
     train_loop,
 )
 
 DEFERRING = ["deferred", "hybrid"]
 SMALL = {"bucket_bytes": 2048}
-_refs: dict = {}
-
-
-def reference(model_name: str, opt_name: str) -> Result:
-    """Stock Horovod's run, computed once per (model, optimizer) on every rank alike."""
-    key = (model_name, opt_name)
-    if key not in _refs:
-        _refs[key] = train_fit(model_name, opt_name, stock)
-    return _refs[key]
-
-
 @pytest.mark.parametrize("opt_name", [
     "sgd", "sgd_momentum", "sgd_nesterov", "adam", "rmsprop", "adagrad",
     "sgd_schedule", "adam_schedule", "legacy_sgd_nesterov", "legacy_adam",
@@ -45,7 +34,7 @@ def test_fit_with_validation_and_checkpoint_matches_stock(strategy, opt_name):
     ckpt = ModelCheckpointInTmp()
     got = train_fit("cnn_bn", opt_name, ours(strategy, **SMALL), validation=True,
                     callbacks=[ckpt.callback])
-    assert_weights_close(got, reference("cnn_bn", opt_name))
+    assert_weights_close(got, stock_reference("cnn_bn", opt_name))
     assert same_on_all_ranks(got)
     assert ckpt.saved() == EPOCHS
 
@@ -54,7 +43,7 @@ def test_fit_with_validation_and_checkpoint_matches_stock(strategy, opt_name):
 @pytest.mark.parametrize("strategy", DEFERRING)
 def test_model_kinds_match_stock(strategy, model_name):
     got = train_fit(model_name, "sgd_momentum", ours(strategy, **SMALL))
-    assert_weights_close(got, reference(model_name, "sgd_momentum"))
+    assert_weights_close(got, stock_reference(model_name, "sgd_momentum"))
 
 
 @pytest.mark.parametrize("opt_name", ["sgd_momentum", "adam"])
@@ -68,28 +57,8 @@ def test_custom_loop_matches_distributed_tape(strategy, opt_name):
 def test_update_really_waits_for_the_next_step_until_flushed():
     """Before the flush the last step's update is pending (weights differ from stock by it);
     after it they are equal: the deferral happens and nothing is lost."""
-    tf.keras.utils.set_random_seed(5)
-    model = MODELS["cnn_bn"]()
-    opt = hvdo.DistributedOptimizer(tf.keras.optimizers.SGD(0.05, momentum=0.9),
-                                    strategy="deferred", **SMALL)
-    tf.keras.utils.set_random_seed(5)
-    ref_model = MODELS["cnn_bn"]()
-    ref_opt = hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.05, momentum=0.9))
-    x, y = rank_data("cnn_bn", BATCH * 6)
-
-    def step_for(m, o):
-        def step(xb, yb):
-            with tf.GradientTape() as tape:
-                loss = LOSS(yb, m(xb, training=True))
-            o.minimize(loss, m.trainable_variables, tape=tape)
-        return step
-
-    run = opt.make_train_step(step_for(model, opt))
-    ref_run = tf.function(step_for(ref_model, ref_opt))
-    for i in range(6):
-        xb, yb = x[i * BATCH:(i + 1) * BATCH], y[i * BATCH:(i + 1) * BATCH]
-        run(xb, yb)
-        ref_run(xb, yb)
+    model, opt, ref_model, _ = step_pair(lambda: tf.keras.optimizers.SGD(0.05, momentum=0.9),
+                                         ours("deferred", **SMALL))
     assert opt._hvdo.deferral.buffers, "no deferred buffers: nothing was deferred"
     pending = Result(model)
     assert int(opt.iterations.numpy()) == 5

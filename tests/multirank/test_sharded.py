@@ -27,22 +27,14 @@ from tests.multirank.helpers import (
     ours,
     rank_data,
     same_on_all_ranks,
+    step_pair,
     stock,
+    stock_reference,
     train_fit,
     train_loop,
 )
 
 SMALL = {"bucket_bytes": 2048}  # several buckets, most with padding
-_refs: dict = {}
-
-
-def reference(model_name: str, opt_name: str) -> Result:
-    key = (model_name, opt_name)
-    if key not in _refs:
-        _refs[key] = train_fit(model_name, opt_name, stock)
-    return _refs[key]
-
-
 @pytest.mark.parametrize("opt_name", [
     "sgd", "sgd_momentum", "sgd_nesterov", "adam", "adamw", "rmsprop", "adagrad",
     "adam_schedule", "legacy_sgd_nesterov", "legacy_adam",
@@ -51,21 +43,30 @@ def test_fit_matches_stock(opt_name):
     ckpt = ModelCheckpointInTmp()
     got = train_fit("cnn_bn", opt_name, ours("sharded", **SMALL), validation=True,
                     callbacks=[ckpt.callback])
-    assert_weights_close(got, reference("cnn_bn", opt_name))
+    assert_weights_close(got, stock_reference("cnn_bn", opt_name))
     assert same_on_all_ranks(got)
+
+
+@pytest.mark.parametrize("opt_name", ["sgd_momentum", "adam", "adamw", "legacy_adam"])
+@pytest.mark.parametrize("model_name", ["cnn_bn", "embedding"])
+def test_sharded_hybrid_matches_stock(model_name, opt_name):
+    """Output-side buckets all-gathered in backprop, input-side ones in the next forward."""
+    got = train_fit(model_name, opt_name, ours("sharded_hybrid", **SMALL), validation=True)
+    assert_weights_close(got, stock_reference(model_name, opt_name))
 
 
 @pytest.mark.parametrize("model_name", ["shared_layer", "embedding", "unused_branch",
                                         "odd_sizes"])
 def test_model_kinds_match_stock(model_name):
     got = train_fit(model_name, "sgd_momentum", ours("sharded", **SMALL))
-    assert_weights_close(got, reference(model_name, "sgd_momentum"))
+    assert_weights_close(got, stock_reference(model_name, "sgd_momentum"))
 
 
 @pytest.mark.parametrize("opt_name", ["sgd_momentum", "adam"])
-def test_custom_loop_matches_distributed_tape(opt_name):
+@pytest.mark.parametrize("strategy", ["sharded", "sharded_hybrid"])
+def test_custom_loop_matches_distributed_tape(strategy, opt_name):
     ref = train_loop("cnn_bn", opt_name, lambda o: o, tape_wrap=hvd_tf.DistributedGradientTape)
-    got = train_loop("cnn_bn", opt_name, ours("sharded", **SMALL))
+    got = train_loop("cnn_bn", opt_name, ours(strategy, **SMALL))
     assert_weights_close(got, ref)
 
 
@@ -79,38 +80,12 @@ def test_horovod_knobs_match_stock():
     assert_weights_close(got, ref)
 
 
-def _step_pair(opt_factory, wrap_ours, model_name: str = "odd_sizes", steps: int = 6):
-    """The same custom-loop steps with ``wrap_ours`` and with stock Horovod; no flush."""
-    tf.keras.utils.set_random_seed(5)
-    model = MODELS[model_name]()
-    opt = wrap_ours(opt_factory())
-    tf.keras.utils.set_random_seed(5)
-    ref_model = MODELS[model_name]()
-    ref_opt = hvd.DistributedOptimizer(opt_factory())
-    x, y = rank_data(model_name, BATCH * steps)
-
-    def step_for(m, o):
-        def step(xb, yb):
-            with tf.GradientTape() as tape:
-                loss = LOSS(yb, m(xb, training=True))
-            o.minimize(loss, m.trainable_variables, tape=tape)
-        return step
-
-    run = opt.make_train_step(step_for(model, opt))
-    ref_run = tf.function(step_for(ref_model, ref_opt))
-    for i in range(steps):
-        xb, yb = x[i * BATCH:(i + 1) * BATCH], y[i * BATCH:(i + 1) * BATCH]
-        run(xb, yb)
-        ref_run(xb, yb)
-    return model, opt, ref_model, ref_opt
-
-
 def test_update_waits_for_the_next_forward_and_slots_are_slices():
     """Before the flush the last update sits in this rank's slices (weights differ from stock);
     after it they are equal. The optimizer's slots exist for the slices only (1/P of the
     elements, padding included), and none of them is in ``optimizer.variables()``."""
-    model, opt, ref_model, ref_opt = _step_pair(
-        lambda: tf.keras.optimizers.Adam(0.003), ours("sharded", **SMALL))
+    model, opt, ref_model, ref_opt = step_pair(
+        lambda: tf.keras.optimizers.Adam(0.003), ours("sharded", **SMALL), "odd_sizes")
     assert bool(opt._hvdo.deferral.pending.numpy())
     assert max_abs_diff(Result(model), Result(ref_model)) > 1e-4
     assert int(opt.iterations.numpy()) == 6
@@ -138,8 +113,8 @@ def test_update_waits_for_the_next_forward_and_slots_are_slices():
 def test_gathered_state_equals_stock_slots():
     """The optimizer state a checkpoint gets: every rank's slices joined into whole arrays,
     equal to stock Horovod's Adam moments."""
-    model, opt, ref_model, ref_opt = _step_pair(
-        lambda: tf.keras.optimizers.Adam(0.003), ours("sharded", **SMALL))
+    model, opt, ref_model, ref_opt = step_pair(
+        lambda: tf.keras.optimizers.Adam(0.003), ours("sharded", **SMALL), "odd_sizes")
     opt.flush()
     opt.gather_state()
     saved = opt._hvdo.shards.checkpoint
@@ -150,11 +125,12 @@ def test_gathered_state_equals_stock_slots():
                                        rtol=1e-5, atol=1e-7, err_msg=f"{slot} {i}")
 
 
-@pytest.mark.parametrize("opt_name", ["adam", "legacy_adam"])
-def test_checkpoint_resume_equals_uninterrupted_run(opt_name):
-    whole = train_fit("cnn_bn", opt_name, ours("sharded", **SMALL), epochs=4)
+@pytest.mark.parametrize("opt_name, strategy", [("adam", "sharded"), ("legacy_adam", "sharded"),
+                                               ("adam", "sharded_hybrid")])
+def test_checkpoint_resume_equals_uninterrupted_run(opt_name, strategy):
+    whole = train_fit("cnn_bn", opt_name, ours(strategy, **SMALL), epochs=4)
     ckpt = ModelCheckpointInTmp()
-    train_fit("cnn_bn", opt_name, ours("sharded", **SMALL), epochs=2, callbacks=[ckpt.callback])
+    train_fit("cnn_bn", opt_name, ours(strategy, **SMALL), epochs=2, callbacks=[ckpt.callback])
     # the optimizer's entries: its step, its hyperparameters and the gathered state, no slices
     saved = tf.train.load_checkpoint(ckpt.path).get_variable_to_shape_map()
     shapes = {tuple(v.shape) for v in MODELS["cnn_bn"]().trainable_variables}
@@ -163,11 +139,11 @@ def test_checkpoint_resume_equals_uninterrupted_run(opt_name):
     others = [k for k in saved if k.startswith("optimizer/") and k not in sharded]
     assert others and all(saved[k] == [] for k in others), others  # scalars only
     assert len(shapes) > 1
-    resumed = train_fit("cnn_bn", opt_name, ours("sharded", **SMALL), epochs=4, initial_epoch=2,
+    resumed = train_fit("cnn_bn", opt_name, ours(strategy, **SMALL), epochs=4, initial_epoch=2,
                         restore=ckpt.path)
     assert_weights_close(resumed, whole, trainable_only=hvd.rank() != 0)
     # ...and it can fail: without the optimizer state (moments reset) the run ends elsewhere
-    fresh = train_fit("cnn_bn", opt_name, ours("sharded", **SMALL), epochs=4, initial_epoch=2,
+    fresh = train_fit("cnn_bn", opt_name, ours(strategy, **SMALL), epochs=4, initial_epoch=2,
                       restore=ckpt.path, restore_optimizer=False)
     assert max_abs_diff(fresh, whole) > 1e-4
 

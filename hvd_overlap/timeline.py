@@ -13,7 +13,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-_BUCKET = re.compile(r"^(?P<prefix>.+)\.b(?P<bucket>\d+)(?:_\d+of\d+|\.v\d+.*)?$")
+_BUCKET = re.compile(r"^(?P<prefix>.+)\.b(?P<bucket>\d+)(?:_\d+of\d+|\.v\d+.*|\.rs|\.ag)?$")
 
 
 @dataclass(frozen=True)

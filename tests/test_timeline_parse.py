@@ -55,3 +55,15 @@ def test_cli_timeline(tmp_path):
     lines = result.output.splitlines()
     assert lines[1].split()[-1] == "p.b0" and lines[2].split()[-1] == "p.b1"
     assert "2 collectives" in lines[-1]
+
+
+def test_bucket_index_of_every_kind_of_name():
+    from hvd_overlap.timeline import Collective
+
+    def bucket(name):
+        return Collective(name, "X", 0, 0, 1).bucket
+
+    assert bucket("hvdo0.b3") == 3 and bucket("hvdo0.b3_1of2") == 3
+    assert bucket("hvdo0.b12.v4.values") == 12           # sparse gradient
+    assert bucket("hvdo1.b5.rs") == 5 and bucket("hvdo1.b5.ag") == 5  # sharded
+    assert bucket("hvdo1.state5") is None and bucket("timeline_barrier") is None

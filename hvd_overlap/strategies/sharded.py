@@ -62,14 +62,14 @@ class ShardedStrategy(Strategy):
         flat = parts[0] if len(parts) == 1 else tf.concat(parts, 0)
         pre, post = scale_factors(s.op, s.gradient_predivide_factor)
         with tf.device(s.device_dense):
-            return reduce_scatter(flat, f"{s.name}.rs{bucket.bucket}", op=s.op,
+            return reduce_scatter(flat, f"{s.name}.b{bucket.bucket}.rs", op=s.op,
                                   compression=s.compression, prescale_factor=pre,
                                   postscale_factor=post)
 
     def all_gather(self, bucket: BucketShards, piece: tf.Tensor) -> list[tf.Tensor]:
         """Every variable of the bucket, whole, from each rank's slice (padding cut off)."""
         with tf.device(self.settings.device_dense):
-            flat = all_gather(piece, f"{self.settings.name}.ag{bucket.bucket}")
+            flat = all_gather(piece, f"{self.settings.name}.b{bucket.bucket}.ag")
         pieces = tf.split(flat, segment_sizes(bucket), 0)
         return [tf.reshape(p, seg.shape) for p, seg in zip(pieces, bucket.segments, strict=False)]
 

@@ -2,7 +2,9 @@
 
 - layerwise: one by one in plan order, the first while backprop is still running;
 - deferred: at the start of the next step, in forward order, the first layer's forward running
-  while later buckets are still on the wire.
+  while later buckets are still on the wire;
+- sharded: reduce-scatters while backprop is still running, all-gathers at the start of the
+  next step in forward order, under the forward.
 """
 
 import tempfile
@@ -71,7 +73,7 @@ def record(strategy: str):
         return plan, None, None
     zero = origin_us(path)
     trips = [c for c in merge_groups(read_timeline(path)) if c.bucket is not None]
-    n = len(plan.buckets)
+    n = len(plan.buckets) * (2 if strategy == "sharded" else 1)  # sharded: rs + ag per bucket
     steps = [trips[i:i + n] for i in range(0, len(trips), n)]
     assert len(steps) == STEPS and all(len(s) == n for s in steps), [len(s) for s in steps]
     return plan, steps, [h - zero for h in host]
@@ -117,3 +119,27 @@ def test_deferred_buckets_go_out_in_forward_order_under_the_next_forward():
     overlapped = agree(verdict)
     assert all(b.phase == "forward" for b in plan.buckets) and len(plan.buckets) >= 4
     assert overlapped >= STEPS // 2, f"forward overlapped the buckets in only {overlapped}/{STEPS}"
+
+
+def test_sharded_scatters_under_backprop_and_gathers_in_forward_order_under_the_forward():
+    plan, steps, host = record("sharded")
+    verdict = None
+    if hvd.rank() == 0:
+        early = overlapped = 0
+        fwd = [b.index for b in plan.buckets]
+        for s, (first_layer_done, backprop_done) in zip(steps, host, strict=True):
+            gathers = [c for c in s if c.op == "ALLGATHER"]
+            scatters = [c for c in s if c.op == "REDUCESCATTER"]
+            assert [c.bucket for c in gathers] == fwd  # input layer's bucket first
+            for a, b in zip(gathers, gathers[1:], strict=False):
+                assert b.start >= a.end, "all-gathers overlapped each other on the wire"
+            assert sorted(c.bucket for c in scatters) == sorted(fwd)
+            overlapped += first_layer_done < gathers[-1].end
+            early += min(c.start for c in scatters) < backprop_done
+        print(f"sharded: first reduce-scatter before backprop finished in {early}/{STEPS}; "
+              f"first layer's forward done while all-gathers travelled in {overlapped}/{STEPS}")
+        verdict = (early, overlapped)
+    early, overlapped = agree(verdict)
+    assert all(b.phase == "forward" for b in plan.buckets) and len(plan.buckets) >= 4
+    assert early >= STEPS // 2, f"reduce-scatter during backprop in only {early}/{STEPS}"
+    assert overlapped >= STEPS // 2, f"forward overlapped all-gathers in only {overlapped}/{STEPS}"

@@ -81,6 +81,7 @@ def test_sharded_phases_and_optimizer_memory():
     assert s["sharded"]["all_gather_hidden"] == pytest.approx(1 - 0.07 / 0.14)
     assert s["sharded"]["optimizer_mib"] == pytest.approx(2.0)
     assert s["sharded"]["slot_mib"] == pytest.approx(1.0)
+    assert s["sharded"]["slice_mib"] == pytest.approx(1.0)
     assert "reduce_scatter_hidden" not in s[LOCAL] and s[LOCAL]["optimizer_mib"] == 2.0
     text = report.format_table(s)
     assert "85% hidden under backprop" in text and "50% hidden under the next forward" in text

@@ -13,8 +13,8 @@ For ``sharded`` the two phases are split: ``reduce_scatter_hidden`` = 1 - (reduc
 time after the step's last reduce-scatter was enqueued, i.e. after backprop) / its wire time;
 ``all_gather_hidden`` = 1 - (the rest of the exposed time) / the all-gathers' wire time (the
 all-gathers are the only other communication, overlapping the next forward).
-``optimizer_mib`` is what this rank's optimizer keeps besides the model: slots (and, sharded,
-the parameter slices it updates).
+``slot_mib`` is the optimizer slots one rank keeps (momentum, moments...); ``slice_mib`` the
+parameter slices a sharded rank updates (0 for the others); ``optimizer_mib`` their sum.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def _memory(state: dict[str, int] | None) -> dict[str, Any]:
     if not state:
         return {}
     return {"optimizer_mib": (state["slots"] + state["slices"]) / 2**20,
-            "slot_mib": state["slots"] / 2**20}
+            "slot_mib": state["slots"] / 2**20, "slice_mib": state["slices"] / 2**20}
 
 
 def phase_hidden(step: float, local: float | None, wire: dict[str, float] | None
@@ -100,7 +100,7 @@ def headline(raw: dict[str, Any]) -> str:
 def format_table(summary: Summary) -> str:
     """Fixed-width table, one row per strategy."""
     lines = [f"{'strategy':<10} {'samples/s':>10} {'step ms':>9} {'vs horovod':>10} "
-             f"{'efficiency':>10} {'MiB/step':>9} {'wire ms':>8} {'hidden':>7} {'opt MiB':>8}"]
+             f"{'efficiency':>10} {'MiB/step':>9} {'wire ms':>8} {'hidden':>7} {'slots MiB':>9}"]
     for s, m in summary.items():
         wire = m.get("wire_s")
         lines.append(f"{s:<10} {m['samples_per_sec']:>10.1f} {m['step_time_s'] * 1e3:>9.1f} "
@@ -108,12 +108,12 @@ def format_table(summary: Summary) -> str:
                      f"{_num(m['efficiency'], '.2f'):>10} {m['bytes_per_step'] / 2**20:>9.1f} "
                      f"{_num(wire * 1e3 if wire else None, '.1f'):>8} "
                      f"{_num(m.get('hidden'), '.0%'):>7} "
-                     f"{_num(m.get('optimizer_mib'), '.1f'):>8}")
+                     f"{_num(m.get('slot_mib'), '.1f'):>9}")
     lines.append("vs horovod: horovod's step time / this; efficiency: local (no communication) "
                  "step time / this; MiB/step: gradient bytes reduced per step; wire ms: time the "
                  "collectives spent on the wire per step (Horovod timeline); hidden: 1 - (step - "
-                 "local step) / wire; opt MiB: optimizer state per rank (slots, and the sharded "
-                 "strategy's parameter slices)")
+                 "local step) / wire; slots MiB: optimizer slots per rank (sharded: for its slices "
+                 "only; it also keeps the parameter slices it updates, slice_mib in the JSON)")
     for s, m in summary.items():
         if m.get("reduce_scatter_hidden") is not None:
             lines.append(

@@ -33,7 +33,7 @@ def markdown(runs: list[dict[str, Any]]) -> str:
              "bound). The 1gbit rows run in a network namespace whose loopback is shaped with "
              "`tc ... tbf rate 1gbit burst 256kb latency 20ms`.", "",
              "| model | network | strategy | samples/s | step ms | vs horovod | efficiency "
-             "| wire ms | hidden | optimizer MiB/rank |",
+             "| wire ms | hidden | slots MiB/rank |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for run in runs:
         c = run["raw"]["config"]
@@ -46,14 +46,14 @@ def markdown(runs: list[dict[str, Any]]) -> str:
                 f"{'-' if eff is None else f'{eff:.2f}'} | "
                 f"{'-' if not wire else f'{wire * 1e3:.0f}'} | "
                 f"{'-' if hidden is None else f'{hidden:.0%}'} | "
-                f"{_num(m.get('optimizer_mib'), '.1f')} |")
+                f"{_num(m.get('slot_mib'), '.1f')} |")
     lines += ["", "vs horovod: stock Horovod's step time / this one (> 1 is faster); efficiency: "
               "compute-only (`local`, no communication) step time / this one; wire ms: time the "
               "gradient collectives spent on the wire per step (Horovod timeline, one extra run "
               "per strategy); hidden: 1 - (step - local step) / wire, the share of that time "
-              "hidden behind compute; optimizer MiB/rank: what one rank's optimizer keeps "
-              "besides the model (SGD momentum slots; sharded: its slots and parameter "
-              "slices).", ""]
+              "hidden behind compute; slots MiB/rank: the optimizer slots one rank keeps (SGD "
+              "momentum; sharded: for its 1/P slices only, plus as much again for the parameter "
+              "slices it updates).", ""]
     phases = [f"- {c['model']}, {c['net']}: reduce-scatters {m['reduce_scatter_s'] * 1e3:.0f} "
               f"ms/step on the wire, {m['reduce_scatter_hidden']:.0%} hidden under backprop; "
               f"all-gathers {m['all_gather_s'] * 1e3:.0f} ms/step, "

@@ -142,3 +142,35 @@ def test_overlap_callback_flushes_before_evaluate_and_leaves_fit_clean():
     assert int(opt.iterations.numpy()) == 8          # 2 epochs x 4 steps, all applied
     assert not bool(opt._hvdo.deferral.pending.numpy())
     assert "train_step" not in vars(model)           # the patch is removed after fit
+
+
+def test_sharded_keras_file_resumes_before_the_first_step(tmp_path):
+    """A .keras file saved by a sharded optimizer, loaded into a fresh sharded optimizer before
+    training (state kept until the slices exist), resumes as if never interrupted; without the
+    optimizer state the run ends elsewhere."""
+    x, y = data()
+
+    def run(opt, epochs, initial_epoch=0, load=None, save=None, drop_state=False):
+        model = small_model()
+        model.compile(opt, tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        if load:
+            model.load_weights(load)
+            if drop_state:
+                opt._hvdo.shards.checkpoint.pending_plain = None
+        model.fit(x, y, batch_size=16, epochs=epochs, initial_epoch=initial_epoch,
+                  shuffle=False, verbose=0, callbacks=[hvdo.OverlapCallback()])
+        if save:
+            model.save(save)
+        return model.get_weights()
+
+    def sharded():
+        return hvdo.DistributedOptimizer(tf.keras.optimizers.Adam(0.01), strategy="sharded")
+
+    whole = run(tf.keras.optimizers.Adam(0.01), epochs=3)
+    path = str(tmp_path / "m.keras")
+    run(sharded(), epochs=2, save=path)
+    resumed = run(sharded(), epochs=3, initial_epoch=2, load=path)
+    for a, b in zip(resumed, whole, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    fresh = run(sharded(), epochs=3, initial_epoch=2, load=path, drop_state=True)
+    assert max(float(np.max(np.abs(a - b))) for a, b in zip(fresh, whole, strict=True)) > 1e-3

@@ -263,19 +263,9 @@ class _DistributedMixin:
         if sh is None or _is_legacy(self):
             parent = getattr(super(), "load_own_variables", None)
             return parent(store) if parent else None
-        if sh.layout is None:
-            raise ValueError("load a .keras file into a sharded optimizer after its first step "
-                             "(or use model.load_weights with a TensorFlow checkpoint, which can "
-                             "be read before training)")
-        order = plain_order(self, self._hvdo.deferral.variables)
-        if len(store.keys()) != len(order) + 1:
-            raise ValueError(f"the file's optimizer has {len(store.keys())} variables, "
-                             f"{type(self).__name__} on this model would have {len(order) + 1}")
-        slots: dict = {}
-        for k, (slot, index, _) in enumerate(order, start=1):
-            slots.setdefault(slot, {})[index] = np.asarray(store[str(k)])
-        self.iterations.assign(np.asarray(store["0"]))
-        sh.checkpoint.restore(slots, int(self.iterations.numpy()))
+        arrays = [np.asarray(store[str(k)]) for k in range(len(store.keys()))]
+        self.iterations.assign(arrays[0])
+        sh.checkpoint.restore_plain(arrays[1:], int(self.iterations.numpy()))
         return None
 
     def _trackable_children(self, save_type="checkpoint", **kwargs):

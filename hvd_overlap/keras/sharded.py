@@ -42,11 +42,14 @@ class Shards:
         self.decay_masks: dict[int, tf.Tensor] = {}            # bucket -> 1 where decay applies
         self.checkpoint = ShardedCheckpoint(self)
         self.building = False  # True while the optimizer builds its slots for the slices
+        self.owner: Any = None  # the optimizer, and the model variables the layout indexes
+        self.variables: list[tf.Variable] = []
 
     def create(self, opt, layout: ShardLayout, variables: Sequence[tf.Variable]) -> None:
         """Slice variables, the optimizer's slots for them (hidden from ``variables()``), and
         any slot state a checkpoint restored before the optimizer was built."""
         rank = hvd.rank()
+        self.owner, self.variables = opt, list(variables)
         with tf.init_scope():
             for b in layout.buckets:
                 arrays = {s.index: variables[s.index].numpy() for s in b.segments}
@@ -117,6 +120,7 @@ class ShardedCheckpoint(trackable.Trackable):
         self.iterations: int | None = None   # the step the gathered state belongs to
         self.slots: dict[str, dict[int, np.ndarray]] = {}
         self.pending: dict[str, dict[int, np.ndarray]] | None = None  # restored, not yet set
+        self.pending_plain: list[np.ndarray] | None = None  # from a .keras file, not yet set
         self.current_step = lambda: None     # set by the optimizer: its iterations now
 
     def set(self, iterations: int, slots: dict[str, dict[int, np.ndarray]]) -> None:
@@ -128,9 +132,28 @@ class ShardedCheckpoint(trackable.Trackable):
         self.pending = slots if slots else None
         self.apply_pending()
 
+    def restore_plain(self, arrays: list[np.ndarray], iterations: int) -> None:
+        """Slot arrays in the plain optimizer's order (a ``.keras`` file): set now, or when
+        the slices are built (that order needs the model's variables)."""
+        self.pending_plain, self.iterations = arrays, iterations
+        self.apply_pending()
+
     def apply_pending(self) -> None:
-        if self.pending is not None and self._shards.layout is not None:
-            self._shards.load_state(self.pending)
+        sh = self._shards
+        if sh.layout is None:
+            return
+        if self.pending_plain is not None:
+            order = plain_order(sh.owner, sh.variables)
+            if len(self.pending_plain) != len(order):
+                raise ValueError(
+                    f"the file's optimizer has {len(self.pending_plain) + 1} variables, "
+                    f"{type(sh.owner).__name__} on this model would have {len(order) + 1}")
+            slots: dict[str, dict[int, np.ndarray]] = {}
+            for (slot, index, _), arr in zip(order, self.pending_plain, strict=True):
+                slots.setdefault(slot, {})[index] = arr
+            self.slots, self.pending, self.pending_plain = slots, slots, None
+        if self.pending is not None:
+            sh.load_state(self.pending)
             self.pending = None
 
     def _serialize_to_tensors(self):

@@ -70,15 +70,20 @@ def phase_hidden(step: float, local: float | None, wire: dict[str, float] | None
     rs_exposed = wire.get("REDUCESCATTER_after_backprop", 0.0)
     ag_exposed = max(step - local - rs_exposed, 0.0)
     return {"reduce_scatter_s": rs, "all_gather_s": ag,
-            "reduce_scatter_hidden": min(max(1 - rs_exposed / rs, 0.0), 1.0) if rs else None,
-            "all_gather_hidden": min(max(1 - ag_exposed / ag, 0.0), 1.0) if ag else None}
+            "reduce_scatter_hidden": _hidden(rs_exposed, rs) if rs else None,
+            "all_gather_hidden": _hidden(ag_exposed, ag) if ag else None}
 
 
 def hidden_fraction(step: float, local: float | None, wire: float | None) -> float | None:
     """Share of the wire time not added to the step: 1 - exposed / wire, clamped to [0, 1]."""
     if local is None or not wire:
         return None
-    return min(max(1.0 - (step - local) / wire, 0.0), 1.0)
+    return _hidden(step - local, wire)
+
+
+def _hidden(exposed: float, wire: float) -> float:
+    """1 - exposed / wire, clamped to [0, 1]."""
+    return min(max(1.0 - exposed / wire, 0.0), 1.0)
 
 
 def _num(x: float | None, fmt: str) -> str:

@@ -195,8 +195,8 @@ class _DistributedMixin:
         first = d.plan is None
         if first:
             _check_shardable(variables, plan)
-            sh.create(self, partition(plan, hvd.size()), variables)
             d.create(plan, variables, buffers=False)
+            sh.create(self, partition(plan, hvd.size()))
         elif plan is not d.plan:
             raise ValueError("a sharded DistributedOptimizer serves one model: create one "
                              "optimizer per model (the variable list changed)")
@@ -224,7 +224,8 @@ class _DistributedMixin:
 
     def _hvdo_gather(self, bucket) -> tf.Tensor:
         """All-gather one bucket's updated slices into the model's variables."""
-        sh, variables = self._hvdo.shards, self._hvdo.deferral.variables
+        sh = self._hvdo.shards
+        variables = sh.variables
         whole = self._hvdo.reducer.strategy.all_gather(bucket, sh.params[bucket.bucket])
         for seg, value in zip(bucket.segments, whole, strict=True):
             variables[seg.index].assign(value)
@@ -249,7 +250,7 @@ class _DistributedMixin:
         step = int(self.iterations.numpy())
         if sh.checkpoint.iterations != step:
             raise stale_state_error(step, sh.checkpoint.iterations)
-        variables = self._hvdo.deferral.variables
+        variables = sh.variables
         store["0"] = self.iterations.numpy()
         for k, (slot, index, initial) in enumerate(plain_order(self, variables), start=1):
             saved = sh.checkpoint.slots.get(slot, {}).get(index)
@@ -478,7 +479,6 @@ def DistributedOptimizer(  # noqa: N802 -- same name as Horovod's factory
                            average_aggregated_gradients, sparse_as_dense)
     if strategy_cls.shards:
         shards = wrapped._hvdo.shards = Shards(prefix)
-        shards.checkpoint.current_step = lambda: int(wrapped.iterations.numpy())
         # a checkpoint dependency of the optimizer: saved and restored with it
         wrapped._track_trackable(shards.checkpoint, name="hvd_overlap_sharded_state")
     return wrapped

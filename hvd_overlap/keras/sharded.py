@@ -42,21 +42,36 @@ class Shards:
         self.decay_masks: dict[int, tf.Tensor] = {}            # bucket -> 1 where decay applies
         self.checkpoint = ShardedCheckpoint(self)
         self.building = False  # True while the optimizer builds its slots for the slices
-        self.owner: Any = None  # the optimizer, and the model variables the layout indexes
-        self.variables: list[tf.Variable] = []
+        self.owner: Any = None  # the optimizer (set at the first step)
 
-    def create(self, opt, layout: ShardLayout, variables: Sequence[tf.Variable]) -> None:
+    @property
+    def variables(self) -> list[tf.Variable]:
+        """The model variables the layout indexes (the optimizer's deferral keeps the list)."""
+        return self.owner._hvdo.deferral.variables if self.owner is not None else []
+
+    @property
+    def step(self) -> int | None:
+        """The optimizer's step counter now (None before the first step)."""
+        return int(self.owner.iterations.numpy()) if self.owner is not None else None
+
+    def create(self, opt, layout: ShardLayout) -> None:
         """Slice variables, the optimizer's slots for them (hidden from ``variables()``), and
-        any slot state a checkpoint restored before the optimizer was built."""
+        any slot state a checkpoint restored before the optimizer was built. Called after the
+        optimizer's deferral has recorded the model's variables."""
         rank = hvd.rank()
-        self.owner, self.variables = opt, list(variables)
+        self.owner = opt
+        variables = self.variables
         with tf.init_scope():
             for b in layout.buckets:
                 arrays = {s.index: variables[s.index].numpy() for s in b.segments}
                 self.params[b.bucket] = tf.Variable(
                     own_slice(b, arrays, rank), trainable=False,
                     name=f"{self.name}_shard{b.bucket}")
-            self.slots = _build_slots(opt, self.params)
+            self.building = True
+            try:
+                self.slots = _build_slots(opt, self.params)
+            finally:
+                self.building = False
             self.decay_masks = _decay_masks(opt, layout, variables, rank)
             self.layout = layout
             self.checkpoint.apply_pending()  # eagerly, once (not an op of the train step)
@@ -121,7 +136,6 @@ class ShardedCheckpoint(trackable.Trackable):
         self.slots: dict[str, dict[int, np.ndarray]] = {}
         self.pending: dict[str, dict[int, np.ndarray]] | None = None  # restored, not yet set
         self.pending_plain: list[np.ndarray] | None = None  # from a .keras file, not yet set
-        self.current_step = lambda: None     # set by the optimizer: its iterations now
 
     def set(self, iterations: int, slots: dict[str, dict[int, np.ndarray]]) -> None:
         self.iterations, self.slots = iterations, slots
@@ -166,7 +180,7 @@ class ShardedCheckpoint(trackable.Trackable):
                 data[d].append(arr.astype(d).reshape(-1))
                 offsets[d] += arr.size
         layout = {"format": 1, "entries": entries, "iterations": self.iterations,
-                  "trained": self._shards.layout is not None, "saved_at": self.current_step()}
+                  "trained": self._shards.layout is not None, "saved_at": self._shards.step}
         out = {"layout": tf.constant(json.dumps(layout))}
         for d in _STATE_DTYPES:
             out[d] = tf.constant(np.concatenate(data[d]) if data[d] else np.zeros(0, d))
@@ -190,35 +204,40 @@ def _build_slots(opt, params: dict[int, tf.Variable]) -> dict[int, dict[str, tf.
     ``opt.variables()`` (and so out of broadcasts and the optimizer's own checkpoint entries)."""
     shard_vars = list(params.values())
     slots: dict[int, dict[str, tf.Variable]] = {b: {} for b in params}
-    opt._hvdo.shards.building = True
-    if isinstance(opt, tf.keras.optimizers.legacy.Optimizer):  # slots via add_slot
+    legacy = isinstance(opt, tf.keras.optimizers.legacy.Optimizer)
+    if legacy:  # slots via add_slot, found by get_slot
         opt._create_all_weights(shard_vars)
-        opt._hvdo.shards.building = False
         for b, p in params.items():
             for n in opt.get_slot_names():
                 try:
                     slots[b][n] = opt.get_slot(p, n)
                 except KeyError:
                     pass
-        hidden = {id(v) for d in slots.values() for v in d.values()}
-        opt._weights = [v for v in opt._weights if id(v) not in hidden]
-        return slots
-    before = {id(v) for v in opt.variables}
-    opt.build(shard_vars)
-    opt._hvdo.shards.building = False
-    owner = {p._shared_name: b for b, p in params.items()}
-    for v in opt.variables:
-        if id(v) in before:
-            continue
-        # Keras names a slot "<optimizer>/<slot>/<variable>"
-        prefix, _, var_name = v.name.split(":")[0].rpartition("/")
-        if var_name not in owner:
-            raise TypeError(f"{type(opt).__name__} made variable {v.name} that is not a slot of "
-                            "one parameter slice; the sharded strategy cannot split it")
-        slots[owner[var_name]][prefix.rpartition("/")[2]] = v
+    else:  # slots appended to opt.variables, found by name
+        before = {id(v) for v in opt.variables}
+        opt.build(shard_vars)
+        owner = {p._shared_name: b for b, p in params.items()}
+        for v in opt.variables:
+            if id(v) in before:
+                continue
+            slot, var_name = _slot_of(v)
+            if var_name not in owner:
+                raise TypeError(f"{type(opt).__name__} made variable {v.name} that is not a slot "
+                                "of one parameter slice; the sharded strategy cannot split it")
+            slots[owner[var_name]][slot] = v
     hidden = {id(v) for d in slots.values() for v in d.values()}
-    opt._variables = [v for v in opt._variables if id(v) not in hidden]
+    if legacy:
+        opt._weights = [v for v in opt._weights if id(v) not in hidden]
+    else:
+        opt._variables = [v for v in opt._variables if id(v) not in hidden]
     return slots
+
+
+def _slot_of(v: tf.Variable) -> tuple[str, str]:
+    """(slot name, variable name) of a Keras optimizer variable named
+    ``[<optimizer>/]<slot>/<variable>``."""
+    prefix, _, var_name = v.name.split(":")[0].rpartition("/")
+    return prefix.rpartition("/")[2], var_name
 
 
 def _decay_masks(opt, layout: ShardLayout, variables, rank: int) -> dict[int, tf.Tensor]:
@@ -259,7 +278,6 @@ def plain_order(opt, variables: Sequence[tf.Variable]) -> list[tuple[str, int, f
         plain.build(probes)
     order = []
     for v in plain.variables[1:]:
-        prefix, _, var_name = v.name.split(":")[0].rpartition("/")
-        order.append((prefix.rpartition("/")[2], int(var_name[len("hvdo_probe"):]),
-                      float(v.numpy()[0])))
+        slot, var_name = _slot_of(v)
+        order.append((slot, int(var_name[len("hvdo_probe"):]), float(v.numpy()[0])))
     return order

@@ -32,7 +32,6 @@ import tensorflow as tf
 from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 
-import hvd_overlap  # noqa: F401  (Horovod environment before hvd.init)
 from hvd_overlap.batching import BatchGrowth, Periodic
 from hvd_overlap.data import fit_with_growth
 from hvd_overlap.keras.callbacks import BatchSizeScheduler

@@ -81,6 +81,9 @@ def timeline(timeline_file: str, limit: int, per_step: int | None, plot_path: st
 @click.option("--strategies", help="comma-separated; default: every strategy, then local")
 @click.option("--net", default="plain", show_default=True,
               help="plain loopback, or an emulated link rate such as 1gbit, 500mbit (root)")
+@click.option("--net-model", type=click.Choice(["hosts", "loopback"]), default="hosts",
+              show_default=True, help="emulated network: one namespace per rank on a switch, "
+              "full-duplex links (hosts), or every rank on one shaped loopback (loopback)")
 @click.option("--no-pin", is_flag=True, help="do not pin each rank to its own core(s)")
 @click.option("--tiny", is_flag=True, help="widths / 16 (smoke tests)")
 @click.option("--timeout", type=float, default=1800, show_default=True,
@@ -88,21 +91,24 @@ def timeline(timeline_file: str, limit: int, per_step: int | None, plot_path: st
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="write numbers here")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="bar chart (.png)")
 def bench(model: str, np_: int, batch_size: int, steps: int, warmup: int, rounds: int,
-          strategies: str | None, net: str, no_pin: bool, tiny: bool, timeout: float,
-          json_path: str | None, plot_path: str | None) -> None:
-    """Measure every strategy (and `local`, no communication) in one interleaved run."""
+          strategies: str | None, net: str, net_model: str, no_pin: bool, tiny: bool,
+          timeout: float, json_path: str | None, plot_path: str | None) -> None:
+    """Measure every strategy against real stock Horovod (`stock`, in processes that never
+    import the plugin) and the compute-only bound (`local`), interleaved."""
     from hvd_overlap.bench import launch, report
 
     fields = {"strategies": tuple(s.strip() for s in strategies.split(",") if s.strip())
               } if strategies is not None else {}
     try:
         cfg = BenchConfig(model=model, np=np_, batch_size=batch_size, steps=steps,
-                          warmup=warmup, rounds=rounds, net=net, pin=not no_pin, tiny=tiny,
+                          warmup=warmup, rounds=rounds, net=net, net_model=net_model,
+                          pin=not no_pin, tiny=tiny,
                           timeout=timeout, **fields).validate()
     except ValueError as e:
         raise click.UsageError(str(e)) from None
     click.echo(f"bench: {', '.join(cfg.strategies)} on {cfg.model}, {cfg.np} ranks, "
-               f"net {cfg.net} ...", err=True)
+               f"net {cfg.net}{'' if cfg.net == 'plain' else f' ({cfg.net_model})'} ...",
+               err=True)
     try:
         raw = launch.run_bench(cfg, lambda line: click.echo(f"  {line}", err=True))
     except (launch.BenchError, RuntimeError, ValueError) as e:
@@ -116,6 +122,36 @@ def bench(model: str, np_: int, batch_size: int, steps: int, warmup: int, rounds
         report.write_json(json_path, raw, summary)
     if plot_path:
         report.plot(plot_path, {f"{model}, net {net}, {batch_size}/rank": summary})
+
+
+@main.command(context_settings={"ignore_unknown_options": True})
+@click.option("--np", "np_", type=int, default=2, show_default=True, help="emulated hosts")
+@click.option("--net", default="1gbit", show_default=True,
+              help="link rate of every host (tc syntax), or plain (unshaped)")
+@click.option("--no-pin", is_flag=True, help="do not pin rank k to core k mod cores")
+@click.option("--timeout", type=float, default=3600, show_default=True,
+              help="seconds before every rank is stopped")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+def hostrun(np_: int, net: str, no_pin: bool, timeout: float, command: tuple[str, ...]) -> None:
+    """Run COMMAND as a Horovod Gloo job on NP emulated hosts (root): one network namespace per
+    rank with its own address and host name, on a switch, each link shaped to NET in both
+    directions; ranks started through Horovod's rendezvous as horovodrun starts them.
+
+    hvd-overlap hostrun --np 2 --net 1gbit -- python train.py
+    """
+    from hvd_overlap.hostrun import run_on_hosts
+    from hvd_overlap.netns import NetnsError, emulated_hosts, parse_net
+
+    try:
+        rate = parse_net(net)
+        with emulated_hosts(np_, rate) as hosts:
+            code = run_on_hosts(list(command), hosts, timeout=timeout, pin=not no_pin,
+                                on_line=lambda line: click.echo(line, nl=False))
+    except (NetnsError, ValueError) as e:
+        raise click.ClickException(str(e)) from None
+    if code:
+        raise click.ClickException(f"a rank exited with code {code}" if code > 0 else
+                                   f"stopped after --timeout {timeout:.0f} s")
 
 
 def _load_model(spec: str, image_size: int):
@@ -310,30 +346,43 @@ def simulate(profile_paths: tuple[str, ...], np_: str, bandwidth: str, latency: 
 @main.command()
 @click.option("--net", "nets", multiple=True, default=("plain",), show_default=True,
               help="plain, or an emulated rate such as 1gbit (root); repeat for several")
+@click.option("--net-model", type=click.Choice(["hosts", "loopback"]), default="hosts",
+              show_default=True, help="emulated network of the rates (see hvd-overlap bench)")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), required=True)
+@click.option("--merge", is_flag=True, help="keep the networks already in the JSON file")
 @click.option("--timeout", type=float, default=600, show_default=True)
-def calibrate(nets: tuple[str, ...], json_path: str, timeout: float) -> None:
-    """Measure Horovod's per-collective costs here (2 local ranks, Gloo, pinned): the
-    simulator's negotiation, per-tensor cost, bandwidth and CPU steal for each network."""
+def calibrate(nets: tuple[str, ...], net_model: str, json_path: str, merge: bool,
+              timeout: float) -> None:
+    """Measure Horovod's per-collective costs here (2 ranks, Gloo, pinned): the simulator's
+    negotiation, per-tensor cost, bandwidth per collective type and CPU steal per network.
+    Networks are keyed by their label: ``plain``, ``1gbit hosts``, ``1gbit loopback``."""
     import json
     from pathlib import Path
 
     from hvd_overlap import calibrate as cal
     from hvd_overlap.bench.launch import BenchError
-    from hvd_overlap.scaling import OVERHEADS_FORMAT
+    from hvd_overlap.scaling import OVERHEADS_FORMAT, net_key
 
-    out: dict[str, dict] = {}
+    old = json.loads(Path(json_path).read_text()) if merge and Path(json_path).exists() else {}
+    out: dict[str, dict] = dict(old.get("nets", {}))
+    commands = [old["command"]] if old.get("command") else []
     for net in nets:
+        key = net_key(net, net_model)
         try:
-            out[net] = cal.calibrate(net, timeout)
+            out[key] = cal.calibrate(net, timeout, net_model)
         except (BenchError, RuntimeError, ValueError) as e:
             raise click.ClickException(str(e)) from None
-        f = out[net]["fit"]
-        click.echo(f"{net}: overhead {f['overhead_s'] * 1e3:.3f} ms, cycle period "
+        f = out[key]["fit"]
+        phases = ", ".join(f"{k.split('_bandwidth')[0]} {f[k] / 1e6:.0f} MB/s" for k in
+                           ("reduce_scatter_bandwidth", "allgather_bandwidth",
+                            "alltoall_gather_bandwidth") if k in f)
+        click.echo(f"{key}: overhead {f['overhead_s'] * 1e3:.3f} ms, cycle period "
                    f"{f['cycle_period_s'] * 1e3:.3f} ms, bandwidth {f['bandwidth'] / 1e6:.0f} "
                    f"MB/s, {f['tensor_s'] * 1e6:.0f} us/tensor, cpu steal "
-                   f"{f['cpu_steal']:.2f}, comm slowdown {f['comm_slowdown']:.2f}")
+                   f"{f['cpu_steal']:.2f}, comm slowdown {f['comm_slowdown']:.2f}; {phases}")
+    commands.append(f"hvd-overlap calibrate --net-model {net_model} "
+                    + " ".join(f"--net {n}" for n in nets) + f" --json {json_path}"
+                    + (" --merge" if merge else ""))
     Path(json_path).write_text(json.dumps({
-        "format": OVERHEADS_FORMAT, "what": "2 local ranks, Horovod over Gloo, pinned; see "
-        "hvd_overlap/calibrate.py", "command": "hvd-overlap calibrate "
-        + " ".join(f"--net {n}" for n in nets) + f" --json {json_path}", "nets": out}, indent=1))
+        "format": OVERHEADS_FORMAT, "what": "2 ranks, Horovod over Gloo, pinned; see "
+        "hvd_overlap/calibrate.py", "command": "; ".join(commands), "nets": out}, indent=1))

@@ -52,6 +52,12 @@ def reduce_scatter(tensor: tf.Tensor, name: str, *, op, compression,
         prescale_factor=prescale_factor, postscale_factor=postscale_factor)
 
 
-def all_gather(tensor: tf.Tensor, name: str) -> tf.Tensor:
-    """Concatenate every rank's equal-length slice, rank 0's first."""
+def all_gather(tensor: tf.Tensor, name: str, method: str = "allgather") -> tf.Tensor:
+    """Concatenate every rank's equal-length slice, rank 0's first. ``method="alltoall"`` sends
+    the slice repeated ``size`` times through an alltoall (chunk r goes to rank r, and the output
+    is the chunks received, in rank order): the same result and bytes per rank as an
+    all-gather, by another algorithm (pairwise exchange instead of a ring); which is faster
+    depends on the backend and network (measured on Gloo here: not alltoall, see README)."""
+    if method == "alltoall":
+        return hvd.alltoall(tf.tile(tensor, [hvd.size()]), name=name, ignore_name_scope=True)
     return hvd.allgather(tensor, name=name, ignore_name_scope=True)

@@ -4,6 +4,8 @@
   layer), the model of BRIEF.md's measurements.
 - ``resnet20``: the CIFAR ResNet-20 (He et al. 2016), 0.27 M parameters: compute-heavy.
 - ``mlp``: large dense layers (3072-2048-2048-10), 10.5 M parameters: communication-bound.
+- ``cnn``: the CNN of ``examples/keras_digits.py`` / ``scripts/demo`` (4 conv+BN blocks, dense
+  512), 1.1 M parameters.
 
 ``tiny=True`` divides every width by 16 (for fast tests).
 """
@@ -67,8 +69,18 @@ def mlp(tiny: bool = False) -> tf.keras.Model:
         L.Dense(NUM_CLASSES)], name="mlp")
 
 
+def cnn(tiny: bool = False) -> tf.keras.Model:
+    """The demo's CNN: conv-BN-ReLU x4 (32, 32, 64, 128 filters, pooled), dense 512, 10."""
+    layers: list[L.Layer] = [L.Input(INPUT_SHAPE)]
+    for filters, pool in ((32, False), (32, True), (64, True), (128, True)):
+        layers += [L.Conv2D(_w(filters, tiny), 3, padding="same"), L.BatchNormalization(),
+                   L.ReLU()] + ([L.MaxPool2D()] if pool else [])
+    layers += [L.Flatten(), L.Dense(_w(512, tiny), activation="relu"), L.Dense(NUM_CLASSES)]
+    return tf.keras.Sequential(layers, name="cnn")
+
+
 MODELS: dict[str, Callable[[bool], tf.keras.Model]] = {
-    "vgg": vgg, "resnet20": resnet20, "mlp": mlp}
+    "vgg": vgg, "resnet20": resnet20, "mlp": mlp, "cnn": cnn}
 
 
 def build_model(name: str, tiny: bool = False) -> tf.keras.Model:

@@ -1,10 +1,19 @@
-"""An emulated cluster link: a private network namespace whose loopback is rate-limited.
+"""Emulated cluster networks, made of private network namespaces (root and iproute2 needed).
 
-``shaped_namespace("1gbit")`` creates ``hvdo-bench-<pid>``, brings its ``lo`` up, shapes it
-with ``tc qdisc add dev lo root tbf rate 1gbit burst 256kb latency 20ms`` and yields its name;
-run commands inside with ``exec_prefix(name) + cmd``. Everything stays on that loopback. The
-namespace is deleted on exit, also on an error, Ctrl-C, SIGTERM or SIGHUP. Needs root and
-iproute2 (``ip``, ``tc``); ``netem`` is not required (``tbf`` only).
+Two models:
+
+- ``emulated_hosts(np, "1gbit")`` (the default of ``hvd-overlap bench``): ``np`` namespaces, one
+  per host, each with its own ``eth0``, address (10.77.0.k+1) and host-name mapping, all plugged
+  into a bridge in a switch namespace (10.77.0.254, where the rendezvous server runs). Both
+  directions of every port are shaped with ``tbf``: the host's egress and the switch's egress
+  towards it, so each host has a full-duplex link of that rate, like hosts on a switch.
+- ``shaped_namespace("1gbit")``: one namespace whose loopback is shaped; every rank runs inside
+  it, so all ranks and both directions share one queue of that rate (a half-duplex bus: one
+  "1 Gbit/s" link carries what two hosts on 1 Gbit/s ports would carry at 2 x 1 Gbit/s).
+
+Only ``tbf`` is used (``netem`` is not needed, so no added latency: a switch hop on the veth
+pairs costs tens of microseconds). Everything stays inside the namespaces made here; they and
+their ``/etc/netns`` files are removed on exit, also on an error, Ctrl-C, SIGTERM or SIGHUP.
 """
 
 from __future__ import annotations
@@ -13,12 +22,20 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
 
 PLAIN = "plain"
+HOSTS = "hosts"  # network model: one namespace per rank, full-duplex shaped links
+LOOPBACK = "loopback"  # network model: every rank on one shaped loopback
+NET_MODELS = (HOSTS, LOOPBACK)
+SUBNET = "10.77.0"
+NETNS_ETC = Path("/etc/netns")
 _RATE = re.compile(r"^\d+(\.\d+)?(kbit|mbit|gbit)$")
 
 
@@ -97,3 +114,77 @@ def namespaces() -> list[str]:
     """Names of the existing network namespaces (``ip netns list``)."""
     out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     return [line.split()[0] for line in out.splitlines() if line.strip()]
+
+
+def _burst(rate: str) -> str:
+    """A tbf bucket large enough for ``rate`` (at least 256 KiB, at least 1 ms of traffic)."""
+    value, unit = re.match(r"^([\d.]+)(kbit|mbit|gbit)$", rate).groups()  # type: ignore[union-attr]
+    bits = float(value) * {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}[unit]
+    return f"{max(256 * 1024, int(bits / 8 / 1000))}b"
+
+
+def _shape(namespace: str, dev: str, rate: str) -> None:
+    _run(["tc", "-n", namespace, "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate,
+          "burst", _burst(rate), "latency", "20ms"])
+
+
+@dataclass(frozen=True)
+class Hosts:
+    """Emulated hosts: host k is ``names[k]`` at ``addresses[k]`` inside ``namespaces[k]``."""
+
+    namespaces: tuple[str, ...]
+    names: tuple[str, ...]
+    addresses: tuple[str, ...]
+    switch: str  # the bridge's namespace; reachable from every host at ``switch_address``
+    switch_address: str
+    rate: str | None
+    iface: str = "eth0"
+
+
+@contextmanager
+def emulated_hosts(np: int, rate: str | None, tag: str | None = None) -> Iterator[Hosts]:
+    """``np`` emulated hosts on a switch, each port shaped to ``rate`` in both directions
+    (``None``: unshaped). Each host's ``/etc/hosts`` maps this machine's host name to the
+    host's own address (Horovod 0.28.1 opens its process-set Gloo context on the host name)."""
+    if np < 1:
+        raise ValueError("emulated_hosts: np must be at least 1")
+    if np > 250:
+        raise ValueError("emulated_hosts: at most 250 hosts")
+    check_requirements()
+    tag = tag or f"hvdo{os.getpid()}"
+    switch = f"{tag}-sw"
+    hosts = Hosts(
+        namespaces=tuple(f"{tag}-h{k}" for k in range(np)),
+        names=tuple(f"{tag}-host{k}" for k in range(np)),
+        addresses=tuple(f"{SUBNET}.{k + 1}" for k in range(np)),
+        switch=switch, switch_address=f"{SUBNET}.254", rate=rate)
+    with raise_on_signals(), ExitStack() as cleanup:
+        for ns in (switch, *hosts.namespaces):
+            _run(["ip", "netns", "add", ns])
+            cleanup.callback(_remove_namespace, ns)
+            _run(["ip", "-n", ns, "link", "set", "lo", "up"])
+        _run(["ip", "-n", switch, "link", "add", "br0", "type", "bridge"])
+        _run(["ip", "-n", switch, "addr", "add", f"{hosts.switch_address}/24", "dev", "br0"])
+        _run(["ip", "-n", switch, "link", "set", "br0", "up"])
+        table = "".join(f"{a} {n}\n" for a, n in zip(hosts.addresses, hosts.names, strict=True))
+        for k, ns in enumerate(hosts.namespaces):
+            port = f"p{k}"
+            _run(["ip", "-n", switch, "link", "add", port, "type", "veth", "peer", "name",
+                  hosts.iface, "netns", ns])
+            _run(["ip", "-n", switch, "link", "set", port, "master", "br0"])
+            _run(["ip", "-n", switch, "link", "set", port, "up"])
+            _run(["ip", "-n", ns, "addr", "add", f"{hosts.addresses[k]}/24", "dev", hosts.iface])
+            _run(["ip", "-n", ns, "link", "set", hosts.iface, "up"])
+            if rate is not None:
+                _shape(ns, hosts.iface, rate)  # host -> switch
+                _shape(switch, port, rate)  # switch -> host
+            etc = NETNS_ETC / ns
+            etc.mkdir(parents=True, exist_ok=True)
+            (etc / "hosts").write_text(
+                f"127.0.0.1 localhost\n{hosts.addresses[k]} {socket.gethostname()}\n{table}")
+        yield hosts
+
+
+def _remove_namespace(name: str) -> None:
+    subprocess.run(["ip", "netns", "del", name], capture_output=True)
+    shutil.rmtree(NETNS_ETC / name, ignore_errors=True)

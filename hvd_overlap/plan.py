@@ -30,6 +30,14 @@ BACKWARD = "backward"  # inside the train step, as soon as the bucket's gradient
 FORWARD = "forward"    # deferred: at the start of the next step, before the layer's forward
 ALLREDUCE = "allreduce"
 REDUCE_SCATTER = "reducescatter"  # then all-gather of the updated slices (sharded)
+# How the updated slices are gathered: Horovod's all-gather, or an alltoall of the slice repeated
+# P times (every rank receives every slice: the same result and bytes; faster on Gloo).
+GATHER_METHODS = ("allgather", "alltoall")
+
+
+def sharded_collective(gather_with: str) -> str:
+    """The plan's label of a sharded bucket's pair of collectives: ``reducescatter+alltoall``."""
+    return f"{REDUCE_SCATTER}+{gather_with}"
 
 
 @dataclass(frozen=True)

@@ -140,6 +140,10 @@ class Cluster:
     comm_slowdown: float = 1.0
     fusion_bytes: int = FUSION_BYTES
     bucket_bytes: int = DEFAULT_BUCKET_BYTES
+    #: measured per collective type (``hvd-overlap calibrate``); None: the ring model, in which
+    #: each is half an allreduce
+    reduce_scatter_bandwidth: float | None = None
+    allgather_bandwidth: float | None = None
 
     def __post_init__(self) -> None:
         if self.ranks < 1 or self.bandwidth <= 0:
@@ -162,11 +166,15 @@ class Cluster:
 
     def reduce_scatter(self, nbytes: float) -> float:
         """Ring reduce-scatter seconds (each rank ends with the sum of 1/P of the data)."""
-        return self.allreduce(nbytes) / 2
+        return self._half_ring(nbytes, self.reduce_scatter_bandwidth)
 
     def allgather(self, nbytes: float) -> float:
         """Ring all-gather seconds of ``nbytes`` in total (1/P from each rank)."""
-        return self.allreduce(nbytes) / 2
+        return self._half_ring(nbytes, self.allgather_bandwidth)
+
+    def _half_ring(self, nbytes: float, bandwidth: float | None) -> float:
+        p = self.ranks
+        return (p - 1) / p * nbytes / (bandwidth or self.bandwidth) + (p - 1) * self.latency
 
     def wire_bytes(self, kind: str, nbytes: float) -> float:
         """Bytes one rank sends for a collective of ``nbytes``."""

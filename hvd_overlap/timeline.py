@@ -16,6 +16,10 @@ from pathlib import Path
 _BUCKET = re.compile(r"^(?P<prefix>.+)\.b(?P<bucket>\d+)(?:_\d+of\d+|\.v\d+.*|\.rs|\.ag)?$")
 
 
+#: Timeline op names of the sharded strategies' gathers (``gather_with`` allgather / alltoall).
+GATHER_OPS = ("ALLGATHER", "ALLTOALL")
+
+
 @dataclass(frozen=True)
 class Collective:
     """One tensor's trip through Horovod: enqueued, then communicated from start to end (µs)."""

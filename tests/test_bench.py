@@ -1,5 +1,6 @@
-"""hvd-overlap bench: arithmetic and formatting on fake measurements, validation, the network
-namespace, the launcher's timeout, and one tiny real 2-rank run."""
+"""hvd-overlap bench: arithmetic and formatting on fake measurements, validation, the launch plan,
+the emulated networks (one shaped loopback; hosts on a switch), the launchers' timeouts, and tiny
+real 2-rank runs on this machine and on two emulated hosts."""
 
 import json
 import subprocess
@@ -10,7 +11,7 @@ from click.testing import CliRunner
 
 from hvd_overlap import STRATEGIES
 from hvd_overlap.bench import LOCAL, BenchConfig, launch, report
-from hvd_overlap.bench.config import MODEL_NAMES
+from hvd_overlap.bench.config import MODEL_NAMES, STOCK
 from hvd_overlap.cli import main
 from hvd_overlap.models import MODELS
 from hvd_overlap.netns import (
@@ -25,25 +26,25 @@ RAW = {"config": {"model": "vgg", "batch_size": 64, "net": "1gbit", "rounds": 3,
                   "warmup": 2, "tiny": False},
        "ranks": 2, "global_batch": 128, "params": 6_400_586, "grad_bytes": 25_602_344,
        "pinned": True,
-       "step_times": {"horovod": [0.8, 0.9, 0.7], "layerwise": [0.6, 0.5, 0.64],
+       "step_times": {STOCK: [0.8, 0.9, 0.7], "layerwise": [0.6, 0.5, 0.64],
                       LOCAL: [0.4, 0.41, 0.39]}}
 
 
 def test_summary_arithmetic():
     s = report.summarize(RAW)
-    assert list(s) == ["horovod", "layerwise", LOCAL]
-    assert s["horovod"]["step_time_s"] == pytest.approx(0.8)  # median of rounds
+    assert list(s) == [STOCK, "layerwise", LOCAL]
+    assert s[STOCK]["step_time_s"] == pytest.approx(0.8)  # median of rounds
     assert s["layerwise"]["samples_per_sec"] == pytest.approx(128 / 0.6)
-    assert s["layerwise"]["ratio_to_horovod"] == pytest.approx(0.8 / 0.6)
-    assert s["horovod"]["efficiency"] == pytest.approx(0.4 / 0.8)
+    assert s["layerwise"]["ratio_to_stock"] == pytest.approx(0.8 / 0.6)
+    assert s[STOCK]["efficiency"] == pytest.approx(0.4 / 0.8)
     assert s[LOCAL]["efficiency"] == pytest.approx(1.0)
-    assert s["horovod"]["bytes_per_step"] == 25_602_344 and s[LOCAL]["bytes_per_step"] == 0
-    assert s["horovod"]["wire_bytes_per_rank"] == 25_602_344  # 2 (P-1)/P = 1 for P = 2
+    assert s[STOCK]["bytes_per_step"] == 25_602_344 and s[LOCAL]["bytes_per_step"] == 0
+    assert s[STOCK]["wire_bytes_per_rank"] == 25_602_344  # 2 (P-1)/P = 1 for P = 2
 
 
 def test_summary_without_reference_or_local():
     s = report.summarize({**RAW, "step_times": {"layerwise": [0.5]}})
-    assert s["layerwise"]["ratio_to_horovod"] is None and s["layerwise"]["efficiency"] is None
+    assert s["layerwise"]["ratio_to_stock"] is None and s["layerwise"]["efficiency"] is None
     assert "-" in report.format_table(s).splitlines()[1].split()
 
 
@@ -59,9 +60,13 @@ def test_table_json_and_plot(tmp_path):
     assert with_wire["layerwise"]["hidden"] == pytest.approx(0.5)
     assert with_wire["layerwise"]["wire_s"] == 0.4
     assert "6.40 M params" in report.headline(RAW)
+    assert "1gbit loopback" in report.headline(RAW)  # 0.1 JSON files had no net_model
+    assert "1gbit hosts" in report.headline(
+        {**RAW, "config": {**RAW["config"], "net_model": "hosts"}})
+    assert "not a clean baseline" in report.headline({**RAW, "clean_baseline": False})
     report.write_json(tmp_path / "b.json", RAW, s)
     data = json.loads((tmp_path / "b.json").read_text())["strategies"]
-    for key in ("samples_per_sec", "step_time_s", "ratio_to_horovod", "efficiency"):
+    for key in ("samples_per_sec", "step_time_s", "ratio_to_stock", "efficiency"):
         assert key in data["layerwise"]
     report.plot(tmp_path / "b.png", {"vgg 1gbit": s, "again": s})
     assert (tmp_path / "b.png").stat().st_size > 1000
@@ -89,20 +94,39 @@ def test_sharded_phases_and_optimizer_memory():
 
 def test_config_validation():
     assert set(MODEL_NAMES) == set(MODELS)
-    assert BenchConfig().strategies == (*STRATEGIES, LOCAL)
+    assert BenchConfig().strategies == (STOCK, *STRATEGIES, LOCAL)
     for bad in ({"model": "alexnet"}, {"steps": 0}, {"warmup": 0}, {"np": 0},
                 {"strategies": ("horovod", "nope")}, {"strategies": ()},
-                {"strategies": ("horovod", "horovod")}, {"net": "fast"}, {"timeout": 0}):
+                {"strategies": ("horovod", "horovod")}, {"net": "fast"}, {"timeout": 0},
+                {"net_model": "wifi"}):
         with pytest.raises(ValueError):
             BenchConfig(**bad).validate()
-    cfg = BenchConfig(strategies=("horovod",), net="1gbit")
+    cfg = BenchConfig(strategies=("horovod",), net="1gbit", net_model="loopback")
     assert BenchConfig.from_json(cfg.to_json()) == cfg
+
+
+def test_launch_plan_runs_the_clean_baseline_in_launches_of_its_own():
+    cfg = BenchConfig(strategies=(STOCK, "layerwise", "hybrid", LOCAL), rounds=3)
+    plan = launch.launch_plan(cfg)
+    clean, plugin = (STOCK, LOCAL), ("layerwise", "hybrid")
+    assert plan == [(0, clean), (0, plugin), (1, plugin), (1, clean), (2, clean), (2, plugin)]
+    assert launch.launch_plan(BenchConfig(strategies=("layerwise",), rounds=2)) == [
+        (0, ("layerwise",)), (1, ("layerwise",))]
+
+
+def test_a_clean_process_refuses_to_have_loaded_the_plugin():
+    """The baseline's check reads sys.modules: it must see the plugin's runtime when loaded."""
+    import hvd_overlap.keras  # noqa: F401
+    from hvd_overlap.bench.worker import plugin_modules
+
+    assert "hvd_overlap.keras.optimizer" in plugin_modules()
+    assert "hvd_overlap.models" not in plugin_modules()
 
 
 def test_cli_refuses_bad_arguments():
     runner = CliRunner()
     for args in (["--steps", "0"], ["--strategies", "horovod,bogus"], ["--net", "1 gbit"],
-                 ["--model", "alexnet"]):
+                 ["--model", "alexnet"], ["--net-model", "wifi"]):
         result = runner.invoke(main, ["bench", *args])
         assert result.exit_code == 2, (args, result.output)
 
@@ -162,9 +186,33 @@ def test_end_to_end_tiny_mlp(tmp_path):
         "bench", "--model", "mlp", "--tiny", "--np", "2", "--batch-size", "8", "--steps", "3",
         "--warmup", "1", "--rounds", "1", "--timeout", "240", "--json", str(out)])
     assert result.exit_code == 0, result.output
-    data = json.loads(out.read_text())["strategies"]
-    assert list(data) == [*STRATEGIES, LOCAL]
+    doc = json.loads(out.read_text())
+    data, raw = doc["strategies"], doc["raw"]
+    assert list(data) == [STOCK, *STRATEGIES, LOCAL]
     for name, m in data.items():
         assert m["samples_per_sec"] > 0 and m["step_time_s"] > 0, name
-        assert m["ratio_to_horovod"] > 0 and m["efficiency"] > 0, name
-    assert "vs horovod" in result.output
+        assert m["ratio_to_stock"] > 0 and m["efficiency"] > 0, name
+    assert "vs stock" in result.output
+    # stock ran in a launch of its own that never loaded the plugin, with the same Horovod
+    # settings as the plugin's launch
+    clean = [x for x in raw["launches"] if STOCK in x["strategies"]]
+    plugin = [x for x in raw["launches"] if "layerwise" in x["strategies"]]
+    assert len(clean) == 1 and clean[0]["strategies"] == [STOCK, LOCAL]
+    assert clean[0]["clean_process"] and clean[0]["plugin_modules"] == []
+    assert raw["clean_baseline"] and not plugin[0]["clean_process"]
+    assert clean[0]["horovod_env"] == plugin[0]["horovod_env"]
+    assert "HOROVOD_DISABLE_GROUP_FUSION" not in clean[0]["horovod_env"]
+
+
+def test_end_to_end_on_two_emulated_hosts(tmp_path):
+    _require_netns()
+    out = tmp_path / "bench.json"
+    result = CliRunner().invoke(main, [
+        "bench", "--model", "mlp", "--tiny", "--np", "2", "--batch-size", "8", "--steps", "2",
+        "--warmup", "2", "--rounds", "1", "--timeout", "240", "--net", "1gbit",
+        "--strategies", "stock,sharded", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(out.read_text())
+    assert doc["raw"]["config"]["net_model"] == "hosts" and "1gbit hosts" in result.output
+    assert doc["strategies"]["sharded"]["ratio_to_stock"] > 0
+    assert doc["raw"]["wire_by_collective_s"]["sharded"]["REDUCESCATTER"] > 0

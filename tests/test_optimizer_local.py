@@ -100,9 +100,28 @@ def test_wrapping_twice_is_refused():
         hvdo.DistributedOptimizer(opt)
 
 
-def test_group_fusion_is_disabled_for_buckets():
-    import os
-    assert os.environ["HOROVOD_DISABLE_GROUP_FUSION"] == "1"
+def test_importing_the_plugin_leaves_horovods_environment_alone():
+    """The plugin must not change how stock Horovod runs in the same process (issue 11): a
+    fresh interpreter's environment is the same before and after importing every module."""
+    import subprocess
+    import sys
+
+    code = ("import os, json; before = dict(os.environ); import hvd_overlap.keras, "
+            "hvd_overlap.data, hvd_overlap.bench.worker; "
+            "print(json.dumps({k: v for k, v in os.environ.items() if before.get(k) != v}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "{}"
+
+
+def test_pure_modules_load_neither_tensorflow_nor_horovod():
+    import subprocess
+    import sys
+
+    code = ("import sys, hvd_overlap, hvd_overlap.plan, hvd_overlap.sharding, "
+            "hvd_overlap.batching, hvd_overlap.simulate; "
+            "print(sorted(m for m in ('tensorflow', 'horovod') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "[]"
 
 
 def test_cli_plan_prints_the_plan_of_a_saved_model(tmp_path):

@@ -78,12 +78,15 @@ def test_sharded_plan_says_how_buckets_travel():
                                   ).build_plan(specs()[:4])  # layers a and b
 
     plan = plan_of("sharded")
-    assert {b.collective for b in plan.buckets} == {REDUCE_SCATTER}
+    assert {b.collective for b in plan.buckets} == {f"{REDUCE_SCATTER}+allgather"}
     # every all-gather waits for the next step, input side first
     assert [b.phase for b in plan.buckets] == [FORWARD, FORWARD]
     assert [b.layers for b in plan.buckets] == [("a",), ("b",)]
     text = plan.describe()
-    assert "reducescatter" in text and "all-gathered" in text
+    assert "reducescatter+allgather" in text and "all-gathered" in text
+    by_alltoall = plan_of("sharded", gather_with="alltoall")
+    assert {b.collective for b in by_alltoall.buckets} == {f"{REDUCE_SCATTER}+alltoall"}
+    assert "gathered with alltoall" in by_alltoall.describe()
     layout = partition(plan, 2)
     rows = layout.describe().splitlines()[2:]
     assert all("next step" in r for r in rows)

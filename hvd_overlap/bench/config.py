@@ -5,22 +5,29 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 
+#: The baseline: real ``horovod.tensorflow.keras.DistributedOptimizer``, run in processes that
+#: never import the plugin's runtime.
+STOCK = "stock"
 #: The compute-only bound: the same training with the plain, unwrapped optimizer.
 LOCAL = "local"
-MODEL_NAMES = ("vgg", "resnet20", "mlp")
+#: What runs in the clean processes (the others run in processes with the plugin loaded).
+CLEAN = (STOCK, LOCAL)
+MODEL_NAMES = ("vgg", "resnet20", "mlp", "cnn")
 
 
 def all_strategies() -> tuple[str, ...]:
-    """Every strategy of ``hvd_overlap.STRATEGIES`` (read at run time), then ``local``."""
+    """``stock``, every strategy of ``hvd_overlap.STRATEGIES`` (read at run time), ``local``."""
     from hvd_overlap import STRATEGIES
 
-    return (*STRATEGIES, LOCAL)
+    return (STOCK, *STRATEGIES, LOCAL)
 
 
 @dataclass(frozen=True)
 class BenchConfig:
     """What to measure. ``batch_size`` is per rank; ``steps`` are timed per round and strategy,
-    after ``warmup`` untimed ones; ``net`` is ``plain`` or a tc rate (``1gbit``)."""
+    after ``warmup`` untimed ones; ``net`` is ``plain`` (this machine's loopback, unshaped) or a
+    tc rate (``1gbit``) of the emulated network ``net_model`` (``hosts`` or ``loopback``, see
+    ``hvd_overlap.netns``)."""
 
     model: str = "vgg"
     np: int = 2
@@ -30,6 +37,7 @@ class BenchConfig:
     rounds: int = 3
     strategies: tuple[str, ...] = field(default_factory=all_strategies)
     net: str = "plain"
+    net_model: str = "hosts"
     pin: bool = True
     tiny: bool = False
     seed: int = 0
@@ -54,6 +62,11 @@ class BenchConfig:
         if len(set(self.strategies)) != len(self.strategies):
             raise ValueError("--strategies: a strategy is named twice")
         parse_net(self.net)
+        from hvd_overlap.netns import NET_MODELS
+
+        if self.net_model not in NET_MODELS:
+            raise ValueError(f"--net-model {self.net_model!r}: choose one of "
+                             f"{', '.join(NET_MODELS)}")
         return self
 
     def to_json(self) -> str:

@@ -1,7 +1,8 @@
 """From raw step times (``worker.run``) to the numbers, the table, the JSON and the plot.
 
 Per strategy: ``step_time_s`` is the median over rounds of the mean timed step (slowest rank);
-``samples_per_sec`` = global batch / step time; ``ratio_to_horovod`` = horovod's step time /
+``samples_per_sec`` = global batch / step time; ``ratio_to_stock`` = the step time of real stock
+Horovod (``stock``: ``hvd.DistributedOptimizer`` in processes that never imported the plugin) /
 this one (> 1 is faster); ``efficiency`` = compute-only (``local``) step time / this one.
 ``bytes_per_step`` is the gradient bytes reduced per step: the sum of the model's trainable
 variable sizes (0 for ``local``); a ring allreduce sends ``2 (P-1)/P`` times that per rank,
@@ -24,7 +25,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from hvd_overlap.bench.config import LOCAL
+from hvd_overlap.bench.config import LOCAL, STOCK
+from hvd_overlap.timeline import GATHER_OPS
 
 Summary = dict[str, dict[str, Any]]
 
@@ -39,7 +41,7 @@ def summarize(raw: dict[str, Any]) -> Summary:
         out[s] = {
             "samples_per_sec": raw["global_batch"] / t,
             "step_time_s": t,
-            "ratio_to_horovod": steps["horovod"] / t if "horovod" in steps else None,
+            "ratio_to_stock": steps[STOCK] / t if STOCK in steps else None,
             "efficiency": steps[LOCAL] / t if LOCAL in steps else None,
             "bytes_per_step": sent,
             "wire_bytes_per_rank": round(sent * 2 * (ranks - 1) / ranks),
@@ -64,9 +66,10 @@ def phase_hidden(step: float, local: float | None, wire: dict[str, float] | None
                  ) -> dict[str, float]:
     """Sharded: hidden shares of the reduce-scatters (under backprop) and of the all-gathers
     (under the next forward); see the module docstring. Empty for other strategies."""
-    if local is None or not wire or "REDUCESCATTER" not in wire or "ALLGATHER" not in wire:
+    gathers = [wire[op] for op in GATHER_OPS if op in wire] if wire else []
+    if local is None or not wire or "REDUCESCATTER" not in wire or not gathers:
         return {}
-    rs, ag = wire["REDUCESCATTER"], wire["ALLGATHER"]
+    rs, ag = wire["REDUCESCATTER"], sum(gathers)
     rs_exposed = wire.get("REDUCESCATTER_after_backprop", 0.0)
     ag_exposed = max(step - local - rs_exposed, 0.0)
     return {"reduce_scatter_s": rs, "all_gather_s": ag,
@@ -90,31 +93,40 @@ def _num(x: float | None, fmt: str) -> str:
     return "-" if x is None else format(x, fmt)
 
 
+def net_label(c: dict[str, Any]) -> str:
+    """``plain``, ``1gbit hosts`` (emulated hosts) or ``1gbit loopback`` (one shared loopback)."""
+    return c["net"] if c["net"] == "plain" else f"{c['net']} {c.get('net_model', 'loopback')}"
+
+
 def headline(raw: dict[str, Any]) -> str:
     """One line saying what was measured."""
     c = raw["config"]
     return (f"{c['model']}{' (tiny)' if c.get('tiny') else ''}: {raw['params'] / 1e6:.2f} M "
             f"params, {raw['grad_bytes'] / 2**20:.1f} MiB of gradients; {raw['ranks']} ranks x "
-            f"{c['batch_size']}/rank, net {c['net']}, {'pinned' if raw['pinned'] else 'unpinned'};"
+            f"{c['batch_size']}/rank, net {net_label(c)}, "
+            f"{'pinned' if raw['pinned'] else 'unpinned'};"
             f" {c['rounds']} interleaved rounds x {c['steps']} timed steps "
             f"({c['warmup']} warm-up excluded); median over rounds"
             + (f"; host load {raw['load_avg_1min']:.1f} at the end" if "load_avg_1min" in raw
-               else ""))
+               else "")
+            + ("" if raw.get("clean_baseline", True) else
+               "; WARNING: stock ran in the plugin's process (not a clean baseline)"))
 
 
 def format_table(summary: Summary) -> str:
     """Fixed-width table, one row per strategy."""
-    lines = [f"{'strategy':<10} {'samples/s':>10} {'step ms':>9} {'vs horovod':>10} "
+    lines = [f"{'strategy':<10} {'samples/s':>10} {'step ms':>9} {'vs stock':>10} "
              f"{'efficiency':>10} {'MiB/step':>9} {'wire ms':>8} {'hidden':>7} {'slots MiB':>9}"]
     for s, m in summary.items():
         wire = m.get("wire_s")
         lines.append(f"{s:<10} {m['samples_per_sec']:>10.1f} {m['step_time_s'] * 1e3:>9.1f} "
-                     f"{_num(m['ratio_to_horovod'], '.3f'):>9}x "
+                     f"{_num(m['ratio_to_stock'], '.3f'):>9}x "
                      f"{_num(m['efficiency'], '.2f'):>10} {m['bytes_per_step'] / 2**20:>9.1f} "
                      f"{_num(wire * 1e3 if wire else None, '.1f'):>8} "
                      f"{_num(m.get('hidden'), '.0%'):>7} "
                      f"{_num(m.get('slot_mib'), '.1f'):>9}")
-    lines.append("vs horovod: horovod's step time / this; efficiency: local (no communication) "
+    lines.append("vs stock: real stock Horovod's step time (hvd.DistributedOptimizer in a process "
+                 "that never imported the plugin) / this; efficiency: local (no communication) "
                  "step time / this; MiB/step: gradient bytes reduced per step; wire ms: time the "
                  "collectives spent on the wire per step (Horovod timeline); hidden: 1 - (step - "
                  "local step) / wire; slots MiB: optimizer slots per rank (sharded: for its slices "
@@ -135,7 +147,7 @@ def write_json(path: str | Path, raw: dict[str, Any], summary: Summary) -> None:
 
 
 def plot(path: str | Path, panels: dict[str, Summary]) -> None:
-    """One bar panel per setting: samples/s per strategy, labelled with the ratio to horovod."""
+    """One bar panel per setting: samples/s per strategy, labelled with the ratio to stock."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -148,7 +160,7 @@ def plot(path: str | Path, panels: dict[str, Summary]) -> None:
         colors = ["0.6" if s == LOCAL else f"C{i}" for i, s in enumerate(names)]
         bars = ax.bar(names, values, color=colors)
         for bar, s in zip(bars, names, strict=True):
-            ratio = summary[s]["ratio_to_horovod"]
+            ratio = summary[s]["ratio_to_stock"]
             if ratio is not None:
                 ax.annotate(f"{ratio:.2f}x", (bar.get_x() + bar.get_width() / 2,
                                                bar.get_height()), ha="center", va="bottom")

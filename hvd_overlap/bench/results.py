@@ -22,40 +22,51 @@ def _num(x: float | None, fmt: str) -> str:
 
 def _label(raw: dict[str, Any]) -> str:
     c = raw["config"]
-    return f"{c['model']}, net {c['net']}, {c['batch_size']}/rank"
+    return f"{c['model']}, {report.net_label(c)}, {c['batch_size']}/rank"
+
+
+
 
 
 def markdown(runs: list[dict[str, Any]]) -> str:
     """A model x network x strategy table, then how each run was made."""
     lines = ["# Benchmark: every strategy on the same model, data and network", "",
-             "Regenerate with `scripts/bench-results` (2 local ranks, each pinned to its own "
-             "core; `local` is the same training without communication, the compute-only "
-             "bound). The 1gbit rows run in a network namespace whose loopback is shaped with "
-             "`tc ... tbf rate 1gbit burst 256kb latency 20ms`.", "",
-             "| model | network | strategy | samples/s | step ms | vs horovod | efficiency "
+             "Regenerate with `scripts/bench-results` (2 ranks, each pinned to its own core). "
+             "`stock` is real `hvd.DistributedOptimizer` in processes that never imported the "
+             "plugin (launched like the others, each round; the plugin's strategies run in "
+             "processes of their own); `local` is the same training without communication, "
+             "the compute-only bound. Network `RATE hosts`: each rank in its own network "
+             "namespace on a switch, each link shaped to RATE in both directions (`tbf`), like "
+             "hosts on a switch with RATE ports; `RATE loopback`: both ranks on one loopback "
+             "shaped to RATE (a shared half-duplex bus); `plain`: this machine's loopback.", "",
+             "| model | network | batch/rank | strategy | samples/s | step ms | vs stock | "
+             "efficiency "
              "| wire ms | hidden | slots MiB/rank |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for run in runs:
         c = run["raw"]["config"]
         for s, m in run["strategies"].items():
-            ratio, eff = m["ratio_to_horovod"], m["efficiency"]
+            ratio, eff = m["ratio_to_stock"], m["efficiency"]
             wire, hidden = m.get("wire_s"), m.get("hidden")
             lines.append(
-                f"| {c['model']} | {c['net']} | {s} | {m['samples_per_sec']:.1f} | "
+                f"| {c['model']} | {report.net_label(c)} | {c['batch_size']} | {s} | "
+                f"{m['samples_per_sec']:.1f} | "
                 f"{m['step_time_s'] * 1e3:.0f} | {'-' if ratio is None else f'{ratio:.2f}x'} | "
                 f"{'-' if eff is None else f'{eff:.2f}'} | "
                 f"{'-' if not wire else f'{wire * 1e3:.0f}'} | "
                 f"{'-' if hidden is None else f'{hidden:.0%}'} | "
                 f"{_num(m.get('slot_mib'), '.1f')} |")
-    lines += ["", "vs horovod: stock Horovod's step time / this one (> 1 is faster); efficiency: "
+    lines += ["", "vs stock: real stock Horovod's step time / this one (> 1 is faster); "
+              "efficiency: "
               "compute-only (`local`, no communication) step time / this one; wire ms: time the "
               "gradient collectives spent on the wire per step (Horovod timeline, one extra run "
               "per strategy); hidden: 1 - (step - local step) / wire, the share of that time "
               "hidden behind compute; slots MiB/rank: the optimizer slots one rank keeps (SGD "
               "momentum; sharded: for its 1/P slices only, plus as much again for the parameter "
               "slices it updates).", ""]
-    phases = [f"- {c['model']}, {c['net']}: reduce-scatters {m['reduce_scatter_s'] * 1e3:.0f} "
-              f"ms/step on the wire, {m['reduce_scatter_hidden']:.0%} hidden under backprop; "
+    phases = [f"- {c['model']}, {report.net_label(c)}, {c['batch_size']}/rank: reduce-scatters "
+              f"{m['reduce_scatter_s'] * 1e3:.0f} ms/step on the wire, "
+              f"{m['reduce_scatter_hidden']:.0%} hidden under backprop; "
               f"all-gathers {m['all_gather_s'] * 1e3:.0f} ms/step, "
               f"{_num(m['all_gather_hidden'], '.0%')} hidden under the next forward"
               for run in runs for c in [run["raw"]["config"]]

@@ -1,11 +1,16 @@
-"""One rank of the benchmark: ``python -m hvd_overlap.bench.worker CONFIG.json OUT.json``.
+"""One rank of one benchmark launch: ``python -m hvd_overlap.bench.worker JOB.json OUT.json``.
 
-Each strategy gets its own model (same seed, same synthetic batch on a rank) and SGD optimizer,
-built once. Rounds interleave the strategies, the order rotating each round (ABC, BCA, CAB), so
-machine noise hits all alike. Each run is one ``model.fit`` of ``warmup + steps`` steps; the
-timing callback takes the end of the last warm-up step to the end of the last step (Keras
-converts the logs of a callback that does not take tensors, so each step end is a sync point).
-A run's step time is the slowest rank's; rank 0 writes them all to OUT.json.
+A launch measures a group of strategies: either ``stock`` and ``local`` -- real
+``horovod.tensorflow.keras.DistributedOptimizer`` and the plain optimizer, in a process that never
+imports the plugin's runtime (checked at the end: ``clean``) -- or the plugin's strategies. Each
+strategy gets its own model (same seed, same synthetic batch on a rank) and SGD optimizer. The
+order of the strategies rotates with the round (ABC, BCA, CAB), as the launcher rotates the
+groups, so machine noise hits all alike. Each run is one ``model.fit`` of ``warmup + steps``
+steps; the timing callback takes the end of the last warm-up step to the end of the last step
+(Keras converts the logs of a callback that does not take tensors, so each step end is a sync
+point). A run's step time is the slowest rank's. With ``timeline_dir`` (the last round), each
+strategy then runs ``1 + steps`` more steps under a Horovod timeline written there (the launcher
+reads it). Rank 0 writes the results to OUT.json.
 """
 
 from __future__ import annotations
@@ -15,15 +20,45 @@ import os
 import platform
 import sys
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import tensorflow as tf
 
-from hvd_overlap.bench.config import LOCAL, BenchConfig
+from hvd_overlap.bench.config import CLEAN, LOCAL, STOCK, BenchConfig
 
 PROGRESS = "hvdo: "  # prefix of progress lines (the launcher forwards them)
+#: Modules of the plugin a clean (baseline) process may load: the benchmark's own code and the
+#: model definitions. Anything else (the optimizer, strategies, collectives...) makes it unclean.
+BENCH_ONLY = ("hvd_overlap", "hvd_overlap.plan", "hvd_overlap.bench", "hvd_overlap.bench.config",
+              "hvd_overlap.bench.worker", "hvd_overlap.models")
+
+
+@dataclass(frozen=True)
+class Job:
+    """One launch: which strategies, which round (for the rotation), where timelines go."""
+
+    config: BenchConfig
+    strategies: tuple[str, ...]
+    round: int = 0
+    timeline_dir: str = ""
+
+    def to_json(self) -> str:
+        return json.dumps({**asdict(self), "config": json.loads(self.config.to_json())})
+
+    @classmethod
+    def from_json(cls, text: str) -> Job:
+        d = json.loads(text)
+        return cls(config=BenchConfig.from_json(json.dumps(d["config"])),
+                   strategies=tuple(d["strategies"]), round=d["round"],
+                   timeline_dir=d["timeline_dir"])
+
+
+def plugin_modules() -> list[str]:
+    """The plugin's modules loaded in this process beyond the benchmark's own."""
+    return sorted(m for m in sys.modules if m.startswith("hvd_overlap") and m not in BENCH_ONLY)
 
 
 def pin_rank() -> list[int] | None:
@@ -62,23 +97,27 @@ class StepTimer(tf.keras.callbacks.Callback):
 
 
 class Trainee:
-    """A model compiled with one strategy's optimizer (``local``: the plain optimizer)."""
+    """A model compiled with one strategy's optimizer: ``stock`` is Horovod's own
+    ``DistributedOptimizer``, ``local`` the plain optimizer, the others the plugin's."""
 
     def __init__(self, strategy: str, cfg: BenchConfig):
-        import hvd_overlap.keras as hk
-        from hvd_overlap import STRATEGIES
         from hvd_overlap.models import build_model
 
         tf.keras.utils.set_random_seed(cfg.seed)
         self.model = build_model(cfg.model, cfg.tiny)
         opt = tf.keras.optimizers.SGD(0.01, momentum=0.9)
         self.callbacks: list[tf.keras.callbacks.Callback] = []
-        if strategy != LOCAL:
+        if strategy == STOCK:
+            import horovod.tensorflow.keras as hvd_keras
+
+            opt = hvd_keras.DistributedOptimizer(opt)
+        elif strategy != LOCAL:
+            import hvd_overlap.keras as hk
+            from hvd_overlap import STRATEGIES
+
             opt = hk.DistributedOptimizer(opt, strategy=strategy)
-            overlap = getattr(hk, "OverlapCallback", None) or getattr(
-                hk.callbacks, "OverlapCallback", None)
-            if overlap is not None and getattr(STRATEGIES[strategy], "defers", False):
-                self.callbacks.append(overlap())
+            if STRATEGIES[strategy].defers:
+                self.callbacks.append(hk.OverlapCallback())
         self.model.compile(opt, tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
 
     def run(self, data: tf.data.Dataset, warmup: int, steps: int) -> float:
@@ -91,42 +130,19 @@ class Trainee:
         return timer.step_time
 
 
-def wire_time_per_step(trainee: Trainee, data: tf.data.Dataset, steps: int,
-                       tag: str) -> dict[str, float] | None:
-    """Seconds per step that the gradient collectives spent on the wire, read from a Horovod
-    timeline of one more run (1 + ``steps`` steps): the union of the collectives' communication
-    spans (negotiation excluded), divided by the steps whose gradients they carried (a deferred
-    strategy's flush carries the last step's). Also per kind of collective, and for
-    reduce-scatters the part after the step's last one was enqueued (backprop over: exposed).
-    Rank 0 only (Horovod writes the timeline there); None elsewhere or if Horovod was started
+def record_timeline(trainee: Trainee, data: tf.data.Dataset, steps: int, path: str) -> bool:
+    """One more run of ``1 + steps`` steps under a Horovod timeline written to ``path`` (by
+    rank 0); the launcher reads the collectives' wire time from it. False if Horovod was started
     without ``HOROVOD_TIMELINE=DYNAMIC``."""
-    import tempfile
-
     import horovod.tensorflow as hvd
 
-    from hvd_overlap.timeline import merge_groups, read_timeline
-    from hvd_overlap.timeline_report import covered, exposed_after_last_enqueue
-
-    path = hvd.broadcast_object(str(Path(tempfile.mkdtemp()) / "t.json"), 0,
-                                name=f"hvdo.bench.tl.{tag}")
     try:
         hvd.start_timeline(path)
     except ValueError:
-        return None
+        return False
     trainee.run(data, 1, steps)
     hvd.stop_timeline()
-    if hvd.rank() != 0:
-        return None
-    trips = [c for c in merge_groups(read_timeline(path))
-             if not c.tensor.startswith("hvdo.bench")]
-    per_step = 1e6 * (steps + 1)
-    out = {"all": covered(trips) / per_step}
-    for op in sorted({c.op for c in trips}):
-        out[op] = covered([c for c in trips if c.op == op]) / per_step
-    scatters = [c for c in trips if c.op == "REDUCESCATTER"]
-    if scatters:
-        out["REDUCESCATTER_after_backprop"] = exposed_after_last_enqueue(scatters) / per_step
-    return out
+    return True
 
 
 def optimizer_state_bytes(opt: Any) -> dict[str, int]:
@@ -148,39 +164,52 @@ def progress(message: str) -> None:
     print(PROGRESS + message, file=sys.stderr, flush=True)
 
 
-def run(cfg: BenchConfig) -> dict[str, Any] | None:
-    """Measure every strategy; the raw results on rank 0, None on the other ranks."""
+def run(job: Job) -> dict[str, Any] | None:
+    """Measure the job's strategies; the raw results on rank 0, None on the other ranks."""
+    cfg = job.config
     pinned = pin_rank() if cfg.pin else None
     import horovod
     import horovod.tensorflow as hvd
 
-    import hvd_overlap
     from hvd_overlap.models import gradient_bytes, synthetic_batch
 
-    hvd_overlap.init()
+    hvd.init()
     rank, size = hvd.rank(), hvd.size()
     data = tf.data.Dataset.from_tensors(synthetic_batch(cfg.batch_size, seed=rank)).repeat()
-    trainees = {s: Trainee(s, cfg) for s in cfg.strategies}
-    times: dict[str, list[float]] = {s: [] for s in cfg.strategies}
-    names = list(cfg.strategies)
-    for r in range(cfg.rounds):
-        for s in names[r % len(names):] + names[:r % len(names)]:
-            mine = trainees[s].run(data, cfg.warmup, cfg.steps)
-            times[s].append(max(hvd.allgather_object(mine, name=f"hvdo.bench.{r}.{s}")))
-            if rank == 0:
-                progress(f"round {r + 1}/{cfg.rounds} {s:<10} {times[s][-1] * 1e3:8.1f} ms/step")
-    wire = {s: wire_time_per_step(trainees[s], data, cfg.steps, f"{r}.{s}")
-            for s in cfg.strategies if s != LOCAL}
+    names = list(job.strategies)
+    r = job.round % len(names)
+    times: dict[str, float] = {}
+    timelines: dict[str, str] = {}
+    trainees = {s: Trainee(s, cfg) for s in names}
+    for s in names[r:] + names[:r]:
+        mine = trainees[s].run(data, cfg.warmup, cfg.steps)
+        times[s] = max(hvd.allgather_object(mine, name=f"hvdo.bench.{job.round}.{s}"))
+        if rank == 0:
+            progress(f"round {job.round + 1}/{cfg.rounds} {s:<14} {times[s] * 1e3:8.1f} ms/step")
+    if job.timeline_dir:
+        for s in names:
+            if s != LOCAL:
+                path = str(Path(job.timeline_dir) / f"{s}.json")
+                if record_timeline(trainees[s], data, cfg.steps, path):
+                    timelines[s] = path
     memory = {s: optimizer_state_bytes(t.model.optimizer) for s, t in trainees.items()}
+    loaded = plugin_modules()
+    clean = set(names) <= set(CLEAN) and not loaded
+    if set(names) <= set(CLEAN) and loaded:
+        raise RuntimeError(f"the baseline process loaded the plugin's modules {loaded}: the "
+                           "stock baseline would not be clean")
     if rank != 0:
         return None
     model = next(iter(trainees.values())).model
-    return {"config": json.loads(cfg.to_json()), "ranks": size,
+    return {"strategies": names, "round": job.round, "ranks": size,
             "global_batch": cfg.batch_size * size, "params": model.count_params(),
-            "grad_bytes": gradient_bytes(model), "step_times": times,
-            "wire_time_per_step_s": {s: w and w["all"] for s, w in wire.items()},
-            "wire_by_collective_s": wire, "optimizer_state_bytes": memory,
+            "grad_bytes": gradient_bytes(model), "step_times": times, "timelines": timelines,
+            "optimizer_state_bytes": memory, "clean_process": clean, "plugin_modules": loaded,
             "pinned": pinned is not None, "load_avg_1min": os.getloadavg()[0],
+            "horovod_env": {k: v for k, v in sorted(os.environ.items())
+                            if k.startswith("HOROVOD_") and "RENDEZVOUS" not in k
+                            and k not in ("HOROVOD_RANK", "HOROVOD_LOCAL_RANK",
+                                          "HOROVOD_CROSS_RANK", "HOROVOD_HOSTNAME")},
             "versions": {"tensorflow": tf.__version__, "horovod": horovod.__version__,
                          "python": platform.python_version()},
             "threads": {k: os.environ.get(k) for k in
@@ -188,8 +217,8 @@ def run(cfg: BenchConfig) -> dict[str, Any] | None:
 
 
 def main(argv: list[str]) -> None:
-    config_path, out_path = argv
-    raw = run(BenchConfig.from_json(Path(config_path).read_text()))
+    job_path, out_path = argv
+    raw = run(Job.from_json(Path(job_path).read_text()))
     if raw is not None:
         Path(out_path).write_text(json.dumps(raw, indent=2))
 

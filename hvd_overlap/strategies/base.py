@@ -29,6 +29,7 @@ class CommSettings:
     ordered: bool = False
     defer: int | None = None  # hybrid: input-side buckets deferred (None: half the bytes)
     groups: Any = None
+    gather_with: str = "allgather"  # sharded: "allgather" or "alltoall" (see collectives)
 
 
 class Strategy(ABC):

@@ -16,7 +16,13 @@ from dataclasses import replace
 import tensorflow as tf
 
 from hvd_overlap.collectives import all_gather, reduce_scatter, scale_factors
-from hvd_overlap.plan import REDUCE_SCATTER, Plan, VarSpec, build_layerwise_plan, half_the_bytes
+from hvd_overlap.plan import (
+    Plan,
+    VarSpec,
+    build_layerwise_plan,
+    half_the_bytes,
+    sharded_collective,
+)
 from hvd_overlap.sharding import BucketShards, segment_sizes
 from hvd_overlap.strategies.base import Grad, Strategy
 
@@ -38,13 +44,17 @@ class ShardedStrategy(Strategy):
         if defer is None:
             defer = self.default_defer(build_layerwise_plan(specs, self.settings.bucket_bytes))
         plan = build_layerwise_plan(specs, self.settings.bucket_bytes, self.name, defer=defer)
-        return replace(plan, buckets=tuple(replace(b, collective=REDUCE_SCATTER)
+        gather = self.settings.gather_with
+        return replace(plan, buckets=tuple(replace(b, collective=sharded_collective(gather))
                                            for b in plan.buckets),
                        notes=("sharded: every bucket is reduce-scattered during backprop and "
                               "each rank updates its 1/P slice; phase says when the updated "
                               "slices are all-gathered: 'backward' right after the update, in "
                               "this step; 'forward' at the start of the next step, in forward "
-                              "order (input side first)",))
+                              "order (input side first)",
+                              f"the slices are gathered with {gather}"
+                              + (" (each rank's slice repeated P times: the all-gather's "
+                                 "result and bytes)" if gather == "alltoall" else "")))
 
 
     def reduce(self, grads: Sequence[Grad], variables: Sequence[tf.Variable],
@@ -69,7 +79,8 @@ class ShardedStrategy(Strategy):
     def all_gather(self, bucket: BucketShards, piece: tf.Tensor) -> list[tf.Tensor]:
         """Every variable of the bucket, whole, from each rank's slice (padding cut off)."""
         with tf.device(self.settings.device_dense):
-            flat = all_gather(piece, f"{self.settings.name}.b{bucket.bucket}.ag")
+            flat = all_gather(piece, f"{self.settings.name}.b{bucket.bucket}.ag",
+                              self.settings.gather_with)
         pieces = tf.split(flat, segment_sizes(bucket), 0)
         return [tf.reshape(p, seg.shape) for p, seg in zip(pieces, bucket.segments, strict=False)]
 

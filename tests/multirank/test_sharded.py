@@ -70,6 +70,21 @@ def test_custom_loop_matches_distributed_tape(strategy, opt_name):
     assert_weights_close(got, ref)
 
 
+@pytest.mark.parametrize("gather_with", ["allgather", "alltoall"])
+def test_both_ways_of_gathering_match_stock(gather_with):
+    """The all-gather (default) and the alltoall that replaces it give stock's weights."""
+    got = train_fit("cnn_bn", "adam", ours("sharded", **SMALL, gather_with=gather_with))
+    assert_weights_close(got, stock_reference("cnn_bn", "adam"))
+
+
+def test_gather_with_is_validated():
+    opt = hvdo.DistributedOptimizer(tf.keras.optimizers.SGD(0.1), strategy="sharded")
+    assert opt._hvdo.reducer.strategy.settings.gather_with == "allgather"
+    with pytest.raises(ValueError, match="gather_with"):
+        hvdo.DistributedOptimizer(tf.keras.optimizers.SGD(0.1), strategy="sharded",
+                                  gather_with="broadcast")
+
+
 def test_horovod_knobs_match_stock():
     """op=Sum, gradient_predivide_factor and fp16 compression act on the reduce-scatter as on
     stock Horovod's allreduce."""

@@ -15,7 +15,7 @@ import numpy as np
 import tensorflow as tf
 
 import hvd_overlap.keras as hvdo
-from hvd_overlap.timeline import merge_groups, origin_us, read_timeline
+from hvd_overlap.timeline import GATHER_OPS, merge_groups, origin_us, read_timeline
 
 STEPS = 8
 
@@ -128,7 +128,7 @@ def test_sharded_scatters_under_backprop_and_gathers_in_forward_order_under_the_
         early = overlapped = 0
         fwd = [b.index for b in plan.buckets]
         for s, (first_layer_done, backprop_done) in zip(steps, host, strict=True):
-            gathers = [c for c in s if c.op == "ALLGATHER"]
+            gathers = [c for c in s if c.op in GATHER_OPS]  # gather_with: allgather/alltoall
             scatters = [c for c in s if c.op == "REDUCESCATTER"]
             assert [c.bucket for c in gathers] == fwd  # input layer's bucket first
             for a, b in zip(gathers, gathers[1:], strict=False):

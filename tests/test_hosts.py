@@ -1,0 +1,112 @@
+"""Emulated hosts: namespaces on a switch, shaped both ways, removed afterwards; a Horovod Gloo
+job launched on them through the rendezvous, as horovodrun launches one on several hosts.
+
+These need root and iproute2, as CI has; without them they fail with the reason (a skip would
+hide that the multi-host path went untested)."""
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from hvd_overlap.hostrun import rank_env, run_on_hosts
+from hvd_overlap.netns import NETNS_ETC, NetnsError, check_requirements, emulated_hosts, namespaces
+
+
+@pytest.fixture(autouse=True)
+def _root_and_iproute2() -> None:
+    try:
+        check_requirements()
+    except NetnsError as e:
+        pytest.fail(f"cannot test emulated hosts: {e}")
+
+
+def _qdisc(ns: str, dev: str) -> str:
+    return subprocess.run(["tc", "-n", ns, "qdisc", "show", "dev", dev],
+                          capture_output=True, text=True).stdout
+
+
+def test_hosts_are_created_shaped_both_ways_and_removed():
+    with emulated_hosts(3, "500mbit", tag="hvdotest") as hosts:
+        assert set(hosts.namespaces) | {hosts.switch} <= set(namespaces())
+        assert hosts.addresses == ("10.77.0.1", "10.77.0.2", "10.77.0.3")
+        for k, ns in enumerate(hosts.namespaces):
+            assert "tbf" in _qdisc(ns, "eth0") and "rate 500Mbit" in _qdisc(ns, "eth0")
+            assert "rate 500Mbit" in _qdisc(hosts.switch, f"p{k}")  # switch -> host
+            etc_hosts = (NETNS_ETC / ns / "hosts").read_text()
+            assert f"{hosts.addresses[k]} {os.uname().nodename}" in etc_hosts
+        # host 0 reaches host 2 through the switch: a connection to a closed port there is
+        # refused by host 2's kernel (unreachable would time out)
+        probe = ("import socket; s = socket.socket(); s.settimeout(5)\n"
+                 "try: s.connect((%r, 9))\nexcept ConnectionRefusedError: print('refused')")
+        reach = subprocess.run(["ip", "netns", "exec", hosts.namespaces[0], sys.executable, "-c",
+                                probe % hosts.addresses[2]], capture_output=True, text=True)
+        assert reach.stdout.strip() == "refused", reach.stdout + reach.stderr
+        mine = subprocess.run(["ip", "netns", "exec", hosts.namespaces[1], sys.executable, "-c",
+                               "import socket; print(socket.gethostbyname(socket.gethostname()))"],
+                              capture_output=True, text=True).stdout.strip()
+        assert mine == hosts.addresses[1]
+    left = set(namespaces())
+    assert not left & {*hosts.namespaces, hosts.switch}
+    assert not any((NETNS_ETC / ns).exists() for ns in hosts.namespaces)
+
+
+def test_hosts_are_removed_on_error():
+    with pytest.raises(NetnsError), emulated_hosts(2, "0gbit", tag="hvdotest2"):
+        pass  # tc refuses a zero rate after the namespaces exist: they must still go
+    assert not [n for n in namespaces() if n.startswith("hvdotest2")]
+
+
+def test_rank_environment_is_horovodruns():
+    with emulated_hosts(2, None, tag="hvdotest3") as hosts:
+        env = rank_env(hosts, 1, 1234)
+    assert env["HOROVOD_RANK"] == "1" and env["HOROVOD_SIZE"] == "2"
+    assert env["HOROVOD_LOCAL_SIZE"] == "1" and env["HOROVOD_CROSS_RANK"] == "1"
+    assert env["HOROVOD_GLOO_RENDEZVOUS_ADDR"] == hosts.switch_address
+    assert env["HOROVOD_HOSTNAME"] == hosts.names[1] and env["HOROVOD_GLOO_IFACE"] == "eth0"
+
+
+JOB = textwrap.dedent("""
+    import socket
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+    hvd.init()
+    s = hvd.allreduce(tf.constant([float(hvd.rank() + 1)]), op=hvd.Sum, name="t")
+    g = hvd.allgather_object(socket.gethostbyname(socket.gethostname()), name="addr")
+    print(f"RESULT rank={hvd.rank()} size={hvd.size()} local_size={hvd.local_size()} "
+          f"cross_size={hvd.cross_size()} sum={float(s[0])} addrs={','.join(g)}", flush=True)
+""")
+
+
+def test_a_gloo_job_runs_across_two_emulated_hosts():
+    lines: list[str] = []
+    with emulated_hosts(2, "1gbit", tag="hvdotest4") as hosts:
+        code = run_on_hosts([sys.executable, "-c", JOB], hosts, timeout=120,
+                            on_line=lines.append, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    results = sorted(ln.split(":", 1)[1].strip() for ln in lines if "RESULT" in ln)
+    assert code == 0, "".join(lines[-30:])
+    addrs = ",".join(hosts.addresses)
+    assert results == [f"RESULT rank={r} size=2 local_size=1 cross_size=2 sum=3.0 addrs={addrs}"
+                       for r in range(2)]
+    assert any(ln.startswith("[1]<stdout>:RESULT rank=1") for ln in lines)
+
+
+def test_a_failing_rank_stops_the_others():
+    script = "import os, sys, time; r = int(os.environ['HOROVOD_RANK']); " \
+             "sys.exit(3) if r == 1 else time.sleep(600)"
+    with emulated_hosts(2, None, tag="hvdotest5") as hosts:
+        t0 = time.monotonic()
+        code = run_on_hosts([sys.executable, "-c", script], hosts, timeout=300,
+                            on_line=lambda _line: None)
+    assert code == 3 and time.monotonic() - t0 < 60
+
+
+def test_the_timeout_stops_every_rank():
+    with emulated_hosts(2, None, tag="hvdotest6") as hosts:
+        t0 = time.monotonic()
+        code = run_on_hosts([sys.executable, "-c", "import time; time.sleep(600)"], hosts,
+                            timeout=2, on_line=lambda _line: None)
+    assert code < 0 and time.monotonic() - t0 < 60

@@ -385,4 +385,6 @@ def calibrate(nets: tuple[str, ...], net_model: str, json_path: str, merge: bool
                     + (" --merge" if merge else ""))
     Path(json_path).write_text(json.dumps({
         "format": OVERHEADS_FORMAT, "what": "2 ranks, Horovod over Gloo, pinned; see "
-        "hvd_overlap/calibrate.py", "command": "; ".join(commands), "nets": out}, indent=1))
+        "hvd_overlap/calibrate.py", "command": "; ".join(commands), "nets": out,
+        **({"cluster_defaults": old["cluster_defaults"]} if "cluster_defaults" in old else {})},
+        indent=1))

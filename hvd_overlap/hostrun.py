@@ -58,8 +58,9 @@ def serve_rendezvous(names: Sequence[str]) -> None:
     server.stop()
 
 
-def _stop_all(procs: Sequence[subprocess.Popen]) -> None:
-    """SIGTERM every process group still running, SIGKILL what is left after 15 s."""
+def stop_all(procs: Sequence[subprocess.Popen]) -> None:
+    """SIGTERM the process group of every process still running (each was started in a session
+    of its own), SIGKILL what is left after 15 s."""
     for sig, grace in ((signal.SIGTERM, 15.0), (signal.SIGKILL, 5.0)):
         live = [p for p in procs if p.poll() is None]
         for p in live:
@@ -84,7 +85,7 @@ def _start_rendezvous(hosts: Hosts) -> tuple[subprocess.Popen, int]:
     for line in proc.stdout:
         if line.startswith(RENDEZVOUS_READY):
             return proc, int(line[len(RENDEZVOUS_READY):])
-    _stop_all([proc])
+    stop_all([proc])
     raise RuntimeError("the rendezvous server did not start (is Horovod installed?)")
 
 
@@ -130,12 +131,12 @@ def run_on_hosts(cmd: Sequence[str], hosts: Hosts, *, timeout: float,
                 break
             time.sleep(0.2)
     finally:
-        _stop_all(procs)
+        stop_all(procs)
         for r in readers:
             r.join(5)
         if rendezvous.stdin:
             rendezvous.stdin.close()
-        _stop_all([rendezvous])
+        stop_all([rendezvous])
     return code
 
 

@@ -157,7 +157,7 @@ def validation_markdown(paths: Sequence[str | Path], overheads_path: str | Path 
         bench = json.loads(Path(p).read_text())
         try:
             checks, scale = validate_run(bench, overheads)
-        except FileNotFoundError as e:  # a bench model without a shipped profile
+        except (FileNotFoundError, ValueError) as e:  # no shipped profile / no calibration
             notes.append(f"- `{p}`: not validated ({e})")
             continue
         every += checks
@@ -278,9 +278,11 @@ def plot_validation(path: str | Path, checks: Sequence[Check]) -> None:
 
 def cluster_from_options(ranks: int, bandwidth: str, latency: str, **knobs: Any) -> Cluster:
     """A cluster from command-line strings; negotiation and per-tensor costs default to the
-    ones measured here (plain loopback, 2 ranks)."""
+    calibration's ``cluster_defaults`` (measured on plain loopback, 2 ranks; else its current
+    ``plain`` network)."""
     try:
-        fit = load_overheads()["nets"]["plain"]["fit"]
+        d = load_overheads()
+        fit = d.get("cluster_defaults") or d["nets"]["plain"]["fit"]
     except (OSError, KeyError, ValueError):
         fit = {"overhead_s": 0.0, "tensor_s": 0.0}
     knobs = {k: v for k, v in knobs.items() if v is not None}

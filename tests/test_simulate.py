@@ -48,6 +48,12 @@ def test_ring_costs_by_hand():
            for g in ("log2", "linear", "none")}
     assert neg == pytest.approx({"log2": 0.3, "linear": 0.7, "none": 0.1})
     assert Cluster(1, 1.0, negotiation_s=0.1).negotiation() == 0
+    # measured per collective type (Gloo's reduce-scatter / all-gather below the link's rate)
+    gloo = Cluster(ranks=2, bandwidth=100.0, reduce_scatter_bandwidth=50.0,
+                   allgather_bandwidth=25.0)
+    assert gloo.allreduce(100) == pytest.approx(1.0)
+    assert gloo.reduce_scatter(100) == pytest.approx(1.0)
+    assert gloo.allgather(100) == pytest.approx(2.0)
 
 
 def test_one_bucket_after_compute():
@@ -285,8 +291,47 @@ def test_calibration_fit():
                 "steal": {"cpu_steal": 0.25, "comm_slowdown": 2.0}}
 
     f = fit(run(5e-4), run(1.1e-3))
+    assert "reduce_scatter_bandwidth" not in f  # calibrations made before phases existed
     assert f["bandwidth"] == pytest.approx(1e9)
     assert f["overhead_s"] == pytest.approx(5e-4, rel=1e-3)
     assert f["cycle_period_s"] == pytest.approx(1.1e-3, rel=1e-3)
     assert f["tensor_s"] == pytest.approx(1e-4)
     assert (f["cpu_steal"], f["comm_slowdown"]) == (0.25, 2.0)
+
+
+def test_calibration_fit_per_collective_type():
+    from hvd_overlap.calibrate import GROUP, PHASE_SIZES, SIZES, fit
+
+    def run(base: float) -> dict:
+        return {"sizes": {str(n): {"wall_s": base + n / 1e9} for n in SIZES},
+                "phases": {"reduce_scatter": {str(n): base + n / 5e8 for n in PHASE_SIZES},
+                           "allgather": {str(n): base + n / 2.5e8 for n in PHASE_SIZES}},
+                "grouped": {"1": 1e-3, str(GROUP): 1e-3}, "ranks": 2,
+                "steal": {"cpu_steal": 0.0, "comm_slowdown": 1.0}}
+
+    f = fit(run(5e-4), run(1.1e-3))
+    # 2 ranks: each moves half of the n bytes, so the link rate is half of n / seconds
+    assert f["reduce_scatter_bandwidth"] == pytest.approx(2.5e8)
+    assert f["allgather_bandwidth"] == pytest.approx(1.25e8)
+    from hvd_overlap.scaling import measured_cluster
+
+    c = measured_cluster("1gbit", 2, {"nets": {"1gbit hosts": {"fit": f}}}, "hosts")
+    assert c.allgather(1e8) == pytest.approx(0.5 * 1e8 / 1.25e8)
+    with pytest.raises(ValueError, match="--net-model loopback"):
+        measured_cluster("1gbit", 2, {"nets": {"1gbit hosts": {"fit": f}}}, "loopback")
+
+
+def test_validation_compares_stock_with_the_stock_model_and_skips_unprofiled_models(tmp_path):
+    local, stock = 0.6, 0.7
+    bench = {"raw": {"config": {"model": "vgg", "net": "plain", "batch_size": 32},
+                     "ranks": 2, "step_times": {"local": [local], "stock": [stock]}},
+             "strategies": {"stock": {"step_time_s": stock}, "local": {"step_time_s": local}}}
+    unprofiled = {**bench, "raw": {**bench["raw"], "config": {**bench["raw"]["config"],
+                                                              "model": "cnn"}}}
+    paths = [tmp_path / "b.json", tmp_path / "c.json"]
+    paths[0].write_text(json.dumps(bench))
+    paths[1].write_text(json.dumps(unprofiled))
+    table, checks = validation_markdown(paths)
+    by = {c.strategy: c for c in checks}
+    assert by["stock"].measured == stock and by["stock"].predicted is not None
+    assert "c.json`: not validated" in table and all(c.model == "vgg" for c in checks)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -29,7 +28,7 @@ from typing import Any
 
 from hvd_overlap.bench.config import CLEAN, BenchConfig
 from hvd_overlap.bench.worker import PROGRESS, Job
-from hvd_overlap.hostrun import run_on_hosts
+from hvd_overlap.hostrun import run_on_hosts, stop_all
 from hvd_overlap.netns import (
     HOSTS,
     Hosts,
@@ -76,18 +75,6 @@ def launch_plan(cfg: BenchConfig) -> list[tuple[int, tuple[str, ...]]]:
             for g in groups[r % len(groups):] + groups[:r % len(groups)]]
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    """SIGTERM to the launch's process group, SIGKILL if it is still there after 15 s."""
-    for sig, wait in ((signal.SIGTERM, 15), (signal.SIGKILL, 5)):
-        if proc.poll() is not None:
-            return
-        try:
-            os.killpg(proc.pid, sig)
-            proc.wait(wait)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            pass
-
-
 def _progress_filter(log, on_progress: Callable[[str], None]) -> Callable[[str], None]:
     """Write each tagged output line to ``log``; pass rank 0's progress lines on."""
     def write(line: str) -> None:
@@ -110,7 +97,7 @@ def run_logged(cmd: list[str], log_path: Path, timeout: float,
         write = _progress_filter(log, on_progress)
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 env=_environment(), start_new_session=True)
-        watchdog = threading.Timer(timeout, _stop, [proc])
+        watchdog = threading.Timer(timeout, stop_all, [[proc]])
         watchdog.start()
         try:
             assert proc.stdout is not None
@@ -119,7 +106,7 @@ def run_logged(cmd: list[str], log_path: Path, timeout: float,
             return proc.wait()
         finally:
             watchdog.cancel()
-            _stop(proc)
+            stop_all([proc])
 
 
 def _launch(cfg: BenchConfig, job: Job, tmp: Path, network: str | Hosts | None,

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from hvd_overlap.bench import report
+from hvd_overlap.bench.config import LOCAL, STOCK
 
 
 def _num(x: float | None, fmt: str) -> str:
@@ -26,6 +27,29 @@ def _label(raw: dict[str, Any]) -> str:
 
 
 
+
+
+def ratio_table(runs: list[dict[str, Any]]) -> str:
+    """One row per run: its compute-only and stock step times, stock's wire time, and every
+    strategy's ratio to stock (> 1 is faster), best in bold."""
+    names = list(dict.fromkeys(s for run in runs for s in run["strategies"]
+                               if s not in (STOCK, LOCAL)))
+    lines = ["| model | network | batch/rank | local ms | stock ms | stock wire ms | "
+             + " | ".join(names) + " |", "|---|---|---|---|---|---|" + "---|" * len(names)]
+    for run in runs:
+        c, s = run["raw"]["config"], run["strategies"]
+        ratios = {n: s[n]["ratio_to_stock"] for n in names if n in s}
+        best = max(ratios.values(), default=None)
+        cells = [("-" if n not in ratios else f"**{ratios[n]:.2f}x**" if ratios[n] == best
+                  and best > 1 else f"{ratios[n]:.2f}x") for n in names]
+        stock = s.get(STOCK, {})
+        lines.append(
+            f"| {c['model']} | {report.net_label(c)} | {c['batch_size']} | "
+            f"{_num(s.get(LOCAL, {}).get('step_time_s', 0) * 1e3 or None, '.0f')} | "
+            f"{_num(stock.get('step_time_s', 0) * 1e3 or None, '.0f')} | "
+            f"{_num((stock.get('wire_s') or 0) * 1e3 or None, '.0f')} | "
+            + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def markdown(runs: list[dict[str, Any]]) -> str:
@@ -43,6 +67,7 @@ def markdown(runs: list[dict[str, Any]]) -> str:
              "efficiency "
              "| wire ms | hidden | slots MiB/rank |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
+    body_at = len(lines)
     for run in runs:
         c = run["raw"]["config"]
         for s, m in run["strategies"].items():
@@ -76,6 +101,9 @@ def markdown(runs: list[dict[str, Any]]) -> str:
         lines += ["`sharded`, phase by phase (reduce-scatter hidden: 1 - its wire time after the "
                   "step's last reduce-scatter was enqueued / its wire time; all-gather hidden: "
                   "1 - the rest of the exposed time / its wire time):", "", *phases, ""]
+    lines[body_at - 2:body_at - 2] = [
+        "Ratios to stock Horovod (its step time / the strategy's; > 1 is faster):", "",
+        ratio_table(runs), "All figures:", ""]
     lines += ["Runs:", ""]
     for run in runs:
         lines += [f"- {report.headline(run['raw'])}", f"  `{run.get('command', '?')}`"]

@@ -327,7 +327,7 @@ def test_validation_compares_stock_with_the_stock_model_and_skips_unprofiled_mod
                      "ranks": 2, "step_times": {"local": [local], "stock": [stock]}},
              "strategies": {"stock": {"step_time_s": stock}, "local": {"step_time_s": local}}}
     unprofiled = {**bench, "raw": {**bench["raw"], "config": {**bench["raw"]["config"],
-                                                              "model": "cnn"}}}
+                                                              "model": "alexnet"}}}
     paths = [tmp_path / "b.json", tmp_path / "c.json"]
     paths[0].write_text(json.dumps(bench))
     paths[1].write_text(json.dumps(unprofiled))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 
 #: The baseline: real ``horovod.tensorflow.keras.DistributedOptimizer``, run in processes that
@@ -13,6 +14,11 @@ LOCAL = "local"
 #: What runs in the clean processes (the others run in processes with the plugin loaded).
 CLEAN = (STOCK, LOCAL)
 MODEL_NAMES = ("vgg", "resnet20", "mlp", "cnn")
+
+
+def is_clean_group(strategies: Iterable[str]) -> bool:
+    """True if these strategies all run in the clean (plugin-free) baseline process."""
+    return set(strategies) <= set(CLEAN)
 
 
 def all_strategies() -> tuple[str, ...]:

@@ -26,7 +26,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from hvd_overlap.bench.config import CLEAN, BenchConfig
+from hvd_overlap.bench.config import CLEAN, BenchConfig, is_clean_group
 from hvd_overlap.bench.worker import PROGRESS, Job
 from hvd_overlap.hostrun import run_on_hosts, stop_all
 from hvd_overlap.netns import (
@@ -112,7 +112,7 @@ def run_logged(cmd: list[str], log_path: Path, timeout: float,
 def _launch(cfg: BenchConfig, job: Job, tmp: Path, network: str | Hosts | None,
             on_progress: Callable[[str], None]) -> dict[str, Any]:
     """Run one launch of the worker; its rank-0 results."""
-    tag = f"r{job.round}-{'clean' if set(job.strategies) <= set(CLEAN) else 'plugin'}"
+    tag = f"r{job.round}-{'clean' if is_clean_group(job.strategies) else 'plugin'}"
     job_path, out, log = tmp / f"{tag}.json", tmp / f"{tag}.out.json", tmp / "launch.log"
     job_path.write_text(job.to_json())
     if isinstance(network, Hosts):
@@ -154,7 +154,7 @@ def merge(cfg: BenchConfig, launches: list[dict[str, Any]]) -> dict[str, Any]:
                                               "plugin_modules", "horovod_env", "load_avg_1min")}
                          for raw in launches],
             "clean_baseline": all(raw["clean_process"] for raw in launches
-                                  if set(raw["strategies"]) <= set(CLEAN)),
+                                  if is_clean_group(raw["strategies"])),
             "pinned": all(raw["pinned"] for raw in launches),
             "load_avg_1min": max(raw["load_avg_1min"] for raw in launches),
             "versions": first["versions"], "threads": first["threads"]}

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from hvd_overlap.bench.config import CLEAN, LOCAL, STOCK, BenchConfig
+from hvd_overlap.bench.config import LOCAL, STOCK, BenchConfig, is_clean_group
 
 PROGRESS = "hvdo: "  # prefix of progress lines (the launcher forwards them)
 #: Modules of the plugin a clean (baseline) process may load: the benchmark's own code and the
@@ -194,8 +194,9 @@ def run(job: Job) -> dict[str, Any] | None:
                     timelines[s] = path
     memory = {s: optimizer_state_bytes(t.model.optimizer) for s, t in trainees.items()}
     loaded = plugin_modules()
-    clean = set(names) <= set(CLEAN) and not loaded
-    if set(names) <= set(CLEAN) and loaded:
+    baseline = is_clean_group(names)
+    clean = baseline and not loaded
+    if baseline and loaded:
         raise RuntimeError(f"the baseline process loaded the plugin's modules {loaded}: the "
                            "stock baseline would not be clean")
     if rank != 0:

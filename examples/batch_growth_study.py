@@ -4,9 +4,10 @@ Run on 2 ranks (``scripts/batch-study``)::
 
     horovodrun -np 2 -H localhost:2 --gloo python examples/batch_growth_study.py --out docs
 
-Each rank trains on its shard of the training split (``hvd_overlap.data.fit_with_growth``), with
-stock ``hvd.DistributedOptimizer`` (one gradient allreduce per optimizer step, so
-communication rounds = optimizer steps). The held-out test split is evaluated after every epoch.
+Each rank trains on its shard of the training split
+(``hvd_overlap.growth.data.fit_with_growth``), with stock ``hvd.DistributedOptimizer`` (one
+gradient allreduce per optimizer step, so communication rounds = optimizer steps). The held-out
+test split is evaluated after every epoch.
 Configurations (global batches; LR coupled to the batch relative to the small batch):
 
 - ``small``: fixed small batch;
@@ -32,9 +33,9 @@ import tensorflow as tf
 from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 
-from hvd_overlap.batching import BatchGrowth, Periodic
-from hvd_overlap.data import fit_with_growth
-from hvd_overlap.keras.callbacks import BatchSizeScheduler
+from hvd_overlap.growth.callback import BatchSizeScheduler
+from hvd_overlap.growth.data import fit_with_growth
+from hvd_overlap.growth.policy import BatchGrowth, Periodic
 
 hvd.init()
 

@@ -1,27 +1,26 @@
 """hvd-overlap: layer-ordered, overlapped gradient communication for Horovod + TensorFlow/Keras.
 
-Importing the package (or any pure module: ``plan``, ``sharding``, ``batching``, ``simulate``)
-loads neither TensorFlow nor Horovod, and nothing in the plugin changes Horovod's environment:
-Horovod runs with the settings the user gave it. The Keras API is ``hvd_overlap.keras``.
+The folder listing is the architecture:
+
+- ``core``: the communication plan, the strategies that build it, the sharded partition (pure
+  Python: importing them, or this package, loads neither TensorFlow nor Horovod);
+- ``comm``: how a bucket travels and when (TensorFlow + Horovod collectives);
+- ``keras``: the API users import (``DistributedOptimizer``, callbacks) and its executors;
+- ``growth``: run-time batch-size growth (policy, callback, data side);
+- ``tools``: the ``hvd-overlap`` CLI, benchmark, simulator, calibration, timelines, networks.
+
+Nothing in the plugin changes Horovod's environment: Horovod runs with the user's settings.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from hvd_overlap.plan import DEFAULT_BUCKET_BYTES, Plan
+from hvd_overlap.core.plan import DEFAULT_BUCKET_BYTES, Plan
+from hvd_overlap.core.strategies import STRATEGIES
 
 __version__ = "0.2.0.dev0"
 __all__ = ["DEFAULT_BUCKET_BYTES", "STRATEGIES", "Plan", "__version__", "init"]
-
-
-def __getattr__(name: str) -> Any:
-    # STRATEGIES needs TensorFlow and Horovod: loaded on first use only.
-    if name == "STRATEGIES":
-        from hvd_overlap.strategies import STRATEGIES
-
-        return STRATEGIES
-    raise AttributeError(f"module 'hvd_overlap' has no attribute {name!r}")
 
 
 def init(*args: Any, **kwargs: Any) -> None:

@@ -8,9 +8,9 @@ import pytest
 import tensorflow as tf
 
 import hvd_overlap  # noqa: F401  (Horovod environment before hvd.init)
-from hvd_overlap.batching import BatchGrowth, Milestones, Plateau
-from hvd_overlap.data import ShardedDataset, enable_gradient_accumulation, fit_with_growth
-from hvd_overlap.keras.callbacks import BatchSizeScheduler
+from hvd_overlap.growth.callback import BatchSizeScheduler
+from hvd_overlap.growth.data import ShardedDataset, enable_gradient_accumulation, fit_with_growth
+from hvd_overlap.growth.policy import BatchGrowth, Milestones, Plateau
 
 hvd.init()
 

@@ -1,11 +1,11 @@
-"""The batch-growth policy (``hvd_overlap.batching``): pure Python, single process."""
+"""The batch-growth policy (``hvd_overlap.growth.policy``): pure Python, single process."""
 
 import json
 import math
 
 import pytest
 
-from hvd_overlap.batching import BatchGrowth, Milestones, Periodic, Plateau, split_batch
+from hvd_overlap.growth.policy import BatchGrowth, Milestones, Periodic, Plateau, split_batch
 
 
 def run(policy: BatchGrowth, epochs: int, metrics=None, steps_per_epoch: int = 0) -> list[int]:

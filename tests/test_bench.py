@@ -10,11 +10,11 @@ import pytest
 from click.testing import CliRunner
 
 from hvd_overlap import STRATEGIES
-from hvd_overlap.bench import LOCAL, BenchConfig, launch, report
-from hvd_overlap.bench.config import MODEL_NAMES, STOCK
-from hvd_overlap.cli import main
-from hvd_overlap.models import MODELS
-from hvd_overlap.netns import (
+from hvd_overlap.tools.bench import LOCAL, BenchConfig, launch, report
+from hvd_overlap.tools.bench.config import MODEL_NAMES, STOCK
+from hvd_overlap.tools.cli import main
+from hvd_overlap.tools.models import MODELS
+from hvd_overlap.tools.netns import (
     NetnsError,
     check_requirements,
     namespaces,
@@ -117,10 +117,10 @@ def test_launch_plan_runs_the_clean_baseline_in_launches_of_its_own():
 def test_a_clean_process_refuses_to_have_loaded_the_plugin():
     """The baseline's check reads sys.modules: it must see the plugin's runtime when loaded."""
     import hvd_overlap.keras  # noqa: F401
-    from hvd_overlap.bench.worker import plugin_modules
+    from hvd_overlap.tools.bench.worker import plugin_modules
 
     assert "hvd_overlap.keras.optimizer" in plugin_modules()
-    assert "hvd_overlap.models" not in plugin_modules()
+    assert "hvd_overlap.tools.models" not in plugin_modules()
 
 
 def test_cli_refuses_bad_arguments():
@@ -222,7 +222,7 @@ def test_end_to_end_on_two_emulated_hosts(tmp_path):
 
 
 def test_ratio_table_one_row_per_run_best_in_bold():
-    from hvd_overlap.bench.results import markdown, ratio_table
+    from hvd_overlap.tools.bench.results import markdown, ratio_table
 
     run = {"raw": RAW, "strategies": report.summarize(
         {**RAW, "step_times": {**RAW["step_times"], "hybrid": [0.9, 0.9, 0.9]}})}

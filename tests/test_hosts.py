@@ -12,8 +12,14 @@ import time
 
 import pytest
 
-from hvd_overlap.hostrun import rank_env, run_on_hosts
-from hvd_overlap.netns import NETNS_ETC, NetnsError, check_requirements, emulated_hosts, namespaces
+from hvd_overlap.tools.hostrun import rank_env, run_on_hosts
+from hvd_overlap.tools.netns import (
+    NETNS_ETC,
+    NetnsError,
+    check_requirements,
+    emulated_hosts,
+    namespaces,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -115,7 +121,7 @@ def test_the_timeout_stops_every_rank():
 def test_hostrun_command_runs_one_rank_per_host():
     from click.testing import CliRunner
 
-    from hvd_overlap.cli import main
+    from hvd_overlap.tools.cli import main
 
     code = "import os; print('RANK', os.environ['HOROVOD_RANK'], os.environ['HOROVOD_HOSTNAME'])"
     res = CliRunner().invoke(main, ["hostrun", "--np", "2", "--net", "plain", "--timeout", "60",

@@ -5,9 +5,11 @@ import horovod.tensorflow.keras as hvd
 import numpy as np
 import pytest
 import tensorflow as tf
+from tensorflow.python.framework.func_graph import FuncGraph
 
 import hvd_overlap
 import hvd_overlap.keras as hvdo
+from hvd_overlap.comm.methods import Allreduce, CommSettings, ReduceScatterGather
 
 hvd.init()
 
@@ -107,7 +109,7 @@ def test_importing_the_plugin_leaves_horovods_environment_alone():
     import sys
 
     code = ("import os, json; before = dict(os.environ); import hvd_overlap.keras, "
-            "hvd_overlap.data, hvd_overlap.bench.worker; "
+            "hvd_overlap.growth.data, hvd_overlap.tools.bench.worker; "
             "print(json.dumps({k: v for k, v in os.environ.items() if before.get(k) != v}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip().splitlines()[-1] == "{}"
@@ -117,8 +119,9 @@ def test_pure_modules_load_neither_tensorflow_nor_horovod():
     import subprocess
     import sys
 
-    code = ("import sys, hvd_overlap, hvd_overlap.plan, hvd_overlap.sharding, "
-            "hvd_overlap.batching, hvd_overlap.simulate; "
+    code = ("import sys, hvd_overlap, hvd_overlap.core.plan, hvd_overlap.core.sharding, "
+            "hvd_overlap.core.strategies, hvd_overlap.growth.policy, hvd_overlap.tools.simulate, "
+            "hvd_overlap.tools.scaling; "
             "print(sorted(m for m in ('tensorflow', 'horovod') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip().splitlines()[-1] == "[]"
@@ -127,7 +130,7 @@ def test_pure_modules_load_neither_tensorflow_nor_horovod():
 def test_cli_plan_prints_the_plan_of_a_saved_model(tmp_path):
     from click.testing import CliRunner
 
-    from hvd_overlap.cli import main
+    from hvd_overlap.tools.cli import main
 
     path = str(tmp_path / "m.keras")
     model = small_model()
@@ -144,13 +147,54 @@ def test_deferring_refuses_global_clipnorm():
                                   strategy="deferred")
 
 
-def test_deferred_without_the_callback_names_the_fix():
-    model = small_model()
-    model.compile(hvdo.DistributedOptimizer(tf.keras.optimizers.SGD(0.1), strategy="deferred"),
-                  tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+@pytest.mark.parametrize("strategy", ["deferred", "hybrid", "sharded"])
+def test_without_the_callback_the_step_falls_back_exactly_and_names_the_fix(strategy):
+    """No pre-forward phase (fit without OverlapCallback, train_on_batch): the update lands
+    within the step -- the plain optimizer's weights -- with one warning naming the fix."""
     x, y = data()
-    with pytest.raises(ValueError, match="OverlapCallback"):
-        model.fit(x, y, batch_size=16, epochs=1, verbose=0)
+    loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    want = small_model()
+    want.compile(tf.keras.optimizers.SGD(0.1, momentum=0.9), loss)
+    want.fit(x, y, batch_size=16, epochs=1, verbose=0, shuffle=False)
+    for entry in ("fit", "train_on_batch"):
+        model = small_model()
+        model.compile(hvdo.DistributedOptimizer(tf.keras.optimizers.SGD(0.1, momentum=0.9),
+                                                strategy=strategy, bucket_bytes=64), loss)
+        with pytest.warns(UserWarning, match="OverlapCallback"):
+            if entry == "fit":
+                model.fit(x, y, batch_size=16, epochs=1, verbose=0, shuffle=False)
+            else:
+                for k in range(0, len(x), 16):
+                    model.train_on_batch(x[k:k + 16], y[k:k + 16])
+        assert not model.optimizer.pending
+        for a, b in zip(want.get_weights(), model.get_weights(), strict=True):
+            np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6, err_msg=entry)
+
+
+def test_a_step_without_the_pre_forward_phase_refuses_a_pending_update():
+    """An update left pending (no flush after make_train_step) cannot be silently skipped."""
+    model = small_model()
+    opt = hvdo.DistributedOptimizer(tf.keras.optimizers.SGD(0.1), strategy="deferred")
+    model.compile(opt, tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    x, y = data()
+    loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    def step(xb, yb):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(yb, model(xb, training=True))
+        grads = tape.gradient(loss, model.trainable_variables)
+        opt.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+
+    train = opt.make_train_step(step)
+    for k in range(0, 48, 16):
+        train(x[k:k + 16], y[k:k + 16])
+    assert opt.pending
+    with pytest.warns(UserWarning), pytest.raises(tf.errors.InvalidArgumentError,
+                                                  match="opt.flush"):
+        model.train_on_batch(x[:16], y[:16])
+    opt.flush()
+    assert not opt.pending
+    model.train_on_batch(x[:16], y[:16])  # after the flush it runs
 
 
 def test_overlap_callback_flushes_before_evaluate_and_leaves_fit_clean():
@@ -159,7 +203,7 @@ def test_overlap_callback_flushes_before_evaluate_and_leaves_fit_clean():
                                     strategy="deferred")
     fit(model, opt)
     assert int(opt.iterations.numpy()) == 8          # 2 epochs x 4 steps, all applied
-    assert not bool(opt._hvdo.deferral.pending.numpy())
+    assert not opt.pending
     assert "train_step" not in vars(model)           # the patch is removed after fit
 
 
@@ -175,7 +219,7 @@ def test_sharded_keras_file_resumes_before_the_first_step(tmp_path):
         if load:
             model.load_weights(load)
             if drop_state:
-                opt._hvdo.shards.checkpoint.pending_plain = None
+                opt._hvdo.state.checkpoint.pending_plain = None
         model.fit(x, y, batch_size=16, epochs=epochs, initial_epoch=initial_epoch,
                   shuffle=False, verbose=0, callbacks=[hvdo.OverlapCallback()])
         if save:
@@ -193,3 +237,112 @@ def test_sharded_keras_file_resumes_before_the_first_step(tmp_path):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
     fresh = run(sharded(), epochs=3, initial_epoch=2, load=path, drop_state=True)
     assert max(float(np.max(np.abs(a - b))) for a, b in zip(fresh, whole, strict=True)) > 1e-3
+
+
+# -- the per-bucket interface (issue 12): a method can be swapped, and is used in plan order --
+
+def _traced_function(graph):
+    """The outermost function graph around ``graph`` (a tf.cond branch is a graph of its own)."""
+    while isinstance(getattr(graph, "outer_graph", None), FuncGraph):
+        graph = graph.outer_graph
+    return graph
+
+
+class RecordingAllreduce(Allreduce):
+    """Allreduce that records, at trace time, which bucket it was asked to send."""
+
+    def __init__(self, settings, scale=1.0):
+        super().__init__(settings)
+        self.calls: list[tuple[int, int]] = []  # (traced graph, bucket)
+        self.scale = scale
+
+    def reduce(self, bucket, grads, variables):
+        self.calls.append((id(_traced_function(tf.compat.v1.get_default_graph())),
+                           bucket.index))
+        out = super().reduce(bucket, grads, variables)
+        return {i: g * self.scale for i, g in out.items()}
+
+
+class RecordingSlices(ReduceScatterGather):
+    def __init__(self, settings):
+        super().__init__(settings)
+        self.scattered: list[int] = []
+        self.gathered: list[int] = []
+
+    def scatter(self, bucket, grads):
+        self.scattered.append(bucket.bucket)
+        return super().scatter(bucket, grads)
+
+    def gather(self, bucket, piece):
+        self.gathered.append(bucket.bucket)
+        return super().gather(bucket, piece)
+
+
+def _settings(name):
+    return CommSettings(name=name, op=hvd_tf.Average, compression=hvd_tf.Compression.none)
+
+
+@pytest.mark.parametrize("strategy", ["layerwise", "deferred", "hybrid"])
+def test_a_registered_bucket_method_sends_every_bucket_in_plan_order(strategy):
+    plain = fit(small_model(), tf.keras.optimizers.SGD(0.1, momentum=0.9))
+    opt = hvdo.DistributedOptimizer(tf.keras.optimizers.SGD(0.1, momentum=0.9),
+                                    strategy=strategy, bucket_bytes=64)
+    method = RecordingAllreduce(_settings("rec" + strategy))
+    opt.register_bucket_method(method)
+    got = fit(small_model(), opt)
+    for a, b in zip(plain, got, strict=True):  # exact: the method is an allreduce
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+    plan = opt.plan
+    backward = [b.index for b in plan.phase_buckets("backward")]
+    forward = [b.index for b in plan.phase_buckets("forward")]
+    assert len(plan.buckets) > 2 and method.calls
+    # per traced graph: the first one reduces every bucket in plan order (backward phase,
+    # then the forward phase in forward order); later train steps bring the forward phase in
+    # first (pre-forward), then the backward phase; a flush runs the forward phase alone
+    allowed = {tuple(backward + forward), tuple(forward + backward), tuple(forward)}
+    per_graph: dict = {}
+    for graph, index in method.calls:
+        per_graph.setdefault(graph, []).append(index)
+    seen = [tuple(calls) for calls in per_graph.values()]
+    assert all(calls in allowed for calls in seen), (seen, backward, forward)
+    if forward:  # something was deferred and brought in by a later step's graph
+        assert tuple(forward + backward) in seen, seen
+
+
+def test_a_bucket_method_that_is_wrong_shows_in_the_weights():
+    """Negative control: the registered method is really the one used."""
+    plain = fit(small_model(), tf.keras.optimizers.SGD(0.1))
+    opt = hvdo.DistributedOptimizer(tf.keras.optimizers.SGD(0.1), strategy="layerwise")
+    opt.register_bucket_method(RecordingAllreduce(_settings("wrong"), scale=2.0))
+    got = fit(small_model(), opt)
+    assert max(float(np.max(np.abs(a - b))) for a, b in zip(plain, got, strict=True)) > 1e-3
+
+
+def test_sharded_bucket_method_is_swappable_and_gathers_in_forward_order():
+    opt = hvdo.DistributedOptimizer(tf.keras.optimizers.SGD(0.1, momentum=0.9),
+                                    strategy="sharded", bucket_bytes=64)
+    method = RecordingSlices(_settings("recsharded"))
+    opt.register_bucket_method(method)
+    plain = fit(small_model(), tf.keras.optimizers.SGD(0.1, momentum=0.9))
+    got = fit(small_model(), opt)
+    for a, b in zip(plain, got, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+    order = [b.index for b in opt.plan.buckets]  # all in the forward phase: forward order
+    assert len(order) > 2
+    # every trace reduce-scatters each bucket once (each starts when its gradient exists)
+    n = len(order)
+    for k in range(0, len(method.scattered), n):
+        assert sorted(method.scattered[k:k + n]) == sorted(order)
+    # and every trace and flush all-gathers them in forward order, input side first
+    assert method.gathered == order * (len(method.gathered) // n) and method.gathered
+    with pytest.raises(RuntimeError, match="before the first step"):
+        opt.register_bucket_method(RecordingSlices(_settings("late")))
+
+
+def test_register_bucket_method_checks_the_kind():
+    opt = hvdo.DistributedOptimizer(tf.keras.optimizers.SGD(0.1), strategy="sharded")
+    with pytest.raises(TypeError, match="SliceMethod"):
+        opt.register_bucket_method(Allreduce(_settings("x")))
+    opt = hvdo.DistributedOptimizer(tf.keras.optimizers.SGD(0.1), strategy="layerwise")
+    with pytest.raises(TypeError, match="GradientMethod"):
+        opt.register_bucket_method(ReduceScatterGather(_settings("y")))

@@ -2,7 +2,7 @@
 
 import pytest
 
-from hvd_overlap.plan import VarSpec, build_layerwise_plan, layer_of
+from hvd_overlap.core.plan import VarSpec, build_layerwise_plan, layer_of
 
 
 def spec(i, layer, name, shape, dtype="float32"):

@@ -3,8 +3,8 @@
 import pytest
 import tensorflow as tf
 
-from hvd_overlap.plan import VarSpec, build_layerwise_plan
-from hvd_overlap.profile import (
+from hvd_overlap.core.plan import VarSpec, build_layerwise_plan
+from hvd_overlap.tools.profile import (
     LayerTime,
     choose_defer,
     parse_bandwidth,

@@ -4,8 +4,8 @@
 import numpy as np
 import pytest
 
-from hvd_overlap.plan import BACKWARD, FORWARD, REDUCE_SCATTER, VarSpec, build_layerwise_plan
-from hvd_overlap.sharding import join_slices, own_slice, partition, segment_sizes
+from hvd_overlap.core.plan import BACKWARD, FORWARD, REDUCE_SCATTER, VarSpec, build_layerwise_plan
+from hvd_overlap.core.sharding import join_slices, own_slice, partition, segment_sizes
 
 
 def specs():
@@ -71,11 +71,10 @@ def test_bad_input():
 
 
 def test_sharded_plan_says_how_buckets_travel():
-    from hvd_overlap.strategies import CommSettings, get_strategy
+    from hvd_overlap.core.strategies import PlanOptions, get_strategy
 
     def plan_of(name, **kw):
-        return get_strategy(name)(CommSettings("t", None, None, bucket_bytes=80, **kw)
-                                  ).build_plan(specs()[:4])  # layers a and b
+        return get_strategy(name).build_plan(specs()[:4], PlanOptions(80, **kw))  # layers a, b
 
     plan = plan_of("sharded")
     assert {b.collective for b in plan.buckets} == {f"{REDUCE_SCATTER}+allgather"}

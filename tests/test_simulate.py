@@ -7,20 +7,19 @@ import pytest
 import tensorflow as tf
 from click.testing import CliRunner
 
-from hvd_overlap.cli import main
-from hvd_overlap.flops import layer_flops
-from hvd_overlap.plan import VarSpec, build_layerwise_plan
-from hvd_overlap.scaling import parse_duration, parse_ranks, validation_markdown
-from hvd_overlap.simulate import (
-    SHARDED,
+from hvd_overlap.core.plan import FORWARD, VarSpec, build_layerwise_plan
+from hvd_overlap.tools.cli import main
+from hvd_overlap.tools.flops import layer_flops
+from hvd_overlap.tools.scaling import parse_duration, parse_ranks, validation_markdown
+from hvd_overlap.tools.simulate import (
     STRATEGIES,
     Cluster,
     Layer,
     Profile,
     buckets_of,
     build_step,
-    default_defer,
     load_profile,
+    plan_of,
     run_step,
     simulate,
 )
@@ -152,7 +151,7 @@ def test_sharded_sends_the_bytes_of_one_allreduce_and_updates_a_shard():
     for p in (2, 8, 64):
         c = cluster(ranks=p, bucket_bytes=100)
         layerwise = simulate(prof, "layerwise", c)
-        for s in SHARDED:
+        for s in ("sharded", "sharded_hybrid"):
             sharded = simulate(prof, s, c)
             assert sharded.wire_bytes == pytest.approx(layerwise.wire_bytes), s
             assert sharded.wire_bytes == pytest.approx(2 * (p - 1) / p * 200), s
@@ -173,15 +172,18 @@ def test_scaling_with_ranks():
 
 
 def test_hybrid_default_matches_the_strategy():
-    from hvd_overlap.plan import half_the_bytes
+    from hvd_overlap.core.plan import half_the_bytes
 
     sizes = [4000, 100, 2000, 50, 300]
     specs = [VarSpec(i, f"l{i}/k:0", (n,), "float32", f"l{i}") for i, n in enumerate(sizes)]
     prof = Profile("p", 1, tuple(Layer(f"l{i}", 0.1, 0.1, 4 * n, tensors=1)
                                  for i, n in enumerate(sizes)))
     for budget in (1, 10_000, 2**20):
-        assert default_defer(buckets_of(prof, budget)) == \
-            half_the_bytes([b.nbytes for b in build_layerwise_plan(specs, budget).buckets])
+        want = half_the_bytes([b.nbytes for b in build_layerwise_plan(specs, budget).buckets])
+        for strategy in ("hybrid", "sharded_hybrid"):  # the simulator reads the runtime's plan
+            late = [b for b in buckets_of(prof, plan=plan_of(prof, strategy, budget))
+                    if b.phase == FORWARD]
+            assert len(late) == want, (strategy, budget)
 
 
 @pytest.mark.parametrize("name,total,trainable", [
@@ -283,7 +285,7 @@ def test_validation_against_a_bench_run(tmp_path):
 
 
 def test_calibration_fit():
-    from hvd_overlap.calibrate import GROUP, SIZES, fit
+    from hvd_overlap.tools.calibrate import GROUP, SIZES, fit
 
     def run(base: float) -> dict:
         return {"sizes": {str(n): {"wall_s": base + n / 1e9} for n in SIZES},
@@ -300,7 +302,7 @@ def test_calibration_fit():
 
 
 def test_calibration_fit_per_collective_type():
-    from hvd_overlap.calibrate import GROUP, PHASE_SIZES, SIZES, fit
+    from hvd_overlap.tools.calibrate import GROUP, PHASE_SIZES, SIZES, fit
 
     def run(base: float) -> dict:
         return {"sizes": {str(n): {"wall_s": base + n / 1e9} for n in SIZES},
@@ -313,7 +315,7 @@ def test_calibration_fit_per_collective_type():
     # 2 ranks: each moves half of the n bytes, so the link rate is half of n / seconds
     assert f["reduce_scatter_bandwidth"] == pytest.approx(2.5e8)
     assert f["allgather_bandwidth"] == pytest.approx(1.25e8)
-    from hvd_overlap.scaling import measured_cluster
+    from hvd_overlap.tools.scaling import measured_cluster
 
     c = measured_cluster("1gbit", 2, {"nets": {"1gbit hosts": {"fit": f}}}, "hosts")
     assert c.allgather(1e8) == pytest.approx(0.5 * 1e8 / 1.25e8)

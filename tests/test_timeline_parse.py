@@ -2,8 +2,8 @@
 
 from click.testing import CliRunner
 
-from hvd_overlap.cli import main
-from hvd_overlap.timeline import merge_groups, origin_us, read_timeline
+from hvd_overlap.tools.cli import main
+from hvd_overlap.tools.timeline import merge_groups, origin_us, read_timeline
 
 # Shaped like Horovod's output: metadata, NEGOTIATE span, the op with nested spans, no closing ].
 TRACE = """[
@@ -58,7 +58,7 @@ def test_cli_timeline(tmp_path):
 
 
 def test_bucket_index_of_every_kind_of_name():
-    from hvd_overlap.timeline import Collective
+    from hvd_overlap.tools.timeline import Collective
 
     def bucket(name):
         return Collective(name, "X", 0, 0, 1).bucket

@@ -3,9 +3,9 @@
 import pytest
 from click.testing import CliRunner
 
-from hvd_overlap.cli import main
-from hvd_overlap.timeline import Collective, merge_groups, read_timeline
-from hvd_overlap.timeline_report import (
+from hvd_overlap.tools.cli import main
+from hvd_overlap.tools.timeline import Collective, merge_groups, read_timeline
+from hvd_overlap.tools.timeline_report import (
     analyze,
     covered,
     exposed_after_last_enqueue,

@@ -10,9 +10,9 @@ import pytest
 import tensorflow as tf
 
 import hvd_overlap.keras as hvdo
-from hvd_overlap.batching import BatchGrowth, Milestones, Plateau
-from hvd_overlap.data import fit_with_growth
-from hvd_overlap.keras.callbacks import BatchSizeScheduler
+from hvd_overlap.growth.callback import BatchSizeScheduler
+from hvd_overlap.growth.data import fit_with_growth
+from hvd_overlap.growth.policy import BatchGrowth, Milestones, Plateau
 
 LOSS = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 

@@ -71,13 +71,17 @@ def test_horovod_keywords_match_stock(kwargs):
     assert_weights_close(got, ref)
 
 
-def test_model_differing_across_ranks_fails_on_every_rank():
-    """A model that differs across ranks is refused on every rank before any gradient moves."""
+@pytest.mark.parametrize("plan_first", [False, True])
+def test_model_differing_across_ranks_fails_on_every_rank(plan_first):
+    """A model that differs across ranks is refused on every rank before any gradient moves,
+    also when the plan was built before training (``opt.build_plan``, as the README shows)."""
     tf.keras.utils.set_random_seed(0)
     width = 8 + hvd.rank()
     model = tf.keras.Sequential([tf.keras.layers.Dense(width, input_shape=(4,)),
                                  tf.keras.layers.Dense(2)])
     opt = ours("layerwise")(tf.keras.optimizers.SGD(0.1))
+    if plan_first:
+        opt.build_plan(model.trainable_variables)
     with pytest.raises(ValueError, match="model differs across ranks"):
         with tf.GradientTape() as tape:
             loss = tf.reduce_sum(model(tf.ones((2, 4))))

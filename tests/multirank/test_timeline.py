@@ -15,7 +15,7 @@ import numpy as np
 import tensorflow as tf
 
 import hvd_overlap.keras as hvdo
-from hvd_overlap.timeline import GATHER_OPS, merge_groups, origin_us, read_timeline
+from hvd_overlap.tools.timeline import GATHER_OPS, merge_groups, origin_us, read_timeline
 
 STEPS = 8
 

@@ -1,0 +1,86 @@
+"""The plan for a variable list: built once (and cached), after checking that every rank holds
+the same variables.
+
+The strategies (``hvd_overlap.core.strategies``) are pure plan builders; this is where they
+meet TensorFlow variables and gradients: which variables have a gradient on the loss path,
+which gradients are sparse, and one small collective that compares the models across ranks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import horovod.tensorflow as hvd
+import tensorflow as tf
+
+from hvd_overlap.comm.methods import Grad
+from hvd_overlap.core.plan import Plan, VarSpec, layer_of
+from hvd_overlap.core.strategies import PlanOptions, Strategy
+
+
+def var_specs(variables: Sequence[tf.Variable], grads: Sequence[Grad] | None = None,
+              sparse_as_dense: bool = False) -> list[VarSpec]:
+    """The plan's view of variables, in the order given (forward order for Keras models);
+    with ``grads``, which have none (off the loss path) and which are sparse."""
+    grads = list(grads) if grads is not None else [0] * len(variables)
+    return [
+        VarSpec(index=i, name=v.name, shape=tuple(int(d) for d in v.shape),
+                dtype=v.dtype.base_dtype.name, layer=layer_of(v.name),
+                sparse=isinstance(g, tf.IndexedSlices) and not sparse_as_dense,
+                has_grad=g is not None)
+        for i, (v, g) in enumerate(zip(variables, grads, strict=True))
+    ]
+
+
+def check_same_on_all_ranks(specs: Sequence[VarSpec]) -> None:
+    """Raise the same error on every rank if ranks hold different trainable variables.
+
+    One small allgather, issued eagerly while the first train step is traced, before any
+    gradient collective: a model that differs across ranks cannot leave a rank waiting.
+    """
+    if hvd.size() == 1:
+        return
+    mine = [(s.name, list(s.shape), s.dtype, s.sparse, s.has_grad) for s in specs]
+    with tf.init_scope():
+        everyone = hvd.allgather_object(mine, name="hvd_overlap.model_check")
+    for rank, theirs in enumerate(everyone):
+        if theirs == everyone[0]:
+            continue
+        detail = f"rank 0 has {len(everyone[0])} trainable variables, rank {rank} has {len(theirs)}"
+        for a, b in zip(everyone[0], theirs, strict=False):
+            if a != b:
+                detail = f"first difference: rank 0 {a} vs rank {rank} {b}"
+                break
+        raise ValueError(
+            "the model differs across ranks (" + detail + "). Every rank must build the same "
+            "model, with the same layers in the same order, before training."
+        )
+
+
+class Planner:
+    """A strategy with its options, and the plans it built, keyed by the variable list (and
+    which gradients exist, and which are sparse)."""
+
+    def __init__(self, strategy: Strategy, options: PlanOptions, sparse_as_dense: bool):
+        self.strategy = strategy
+        self.options = options
+        self.sparse_as_dense = sparse_as_dense
+        self._plans: dict[tuple, Plan] = {}
+        self._checked: set[tuple] = set()
+        self.last_plan: Plan | None = None
+
+    def plan_for(self, variables: Sequence[tf.Variable], grads: Sequence[Grad] | None = None,
+                 check_ranks: bool = True) -> Plan:
+        """The plan of these variables; with ``check_ranks`` (the train step) the model is
+        compared across ranks first, once per variable list, even if the plan was built before
+        (``opt.build_plan``) without the check."""
+        specs = var_specs(variables, grads, self.sparse_as_dense)
+        key = tuple(v.ref() for v in variables) + tuple((s.sparse, s.has_grad) for s in specs)
+        if check_ranks and key not in self._checked:
+            check_same_on_all_ranks(specs)
+            self._checked.add(key)
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = self._plans[key] = self.strategy.build_plan(specs, self.options)
+        self.last_plan = plan
+        return plan

@@ -1,0 +1,132 @@
+"""The partition of the sharded strategy: which slice of each bucket every rank owns.
+
+Pure Python and numpy (no TensorFlow, no Horovod), so it can be printed and tested without ranks.
+A bucket's variables (those with a gradient) are laid end to end in one flat vector of ``total``
+elements, padded with zeros to ``ranks * shard_size``; rank ``r`` owns elements
+``[r * shard_size, (r + 1) * shard_size)``. Padding never reaches a user variable: it is added
+before the reduce-scatter and cut off after the all-gather.
+
+The same layout turns per-rank slot slices into whole per-variable arrays for a checkpoint
+(``join_slices``) and back into this rank's slice for any number of ranks (``own_slice``), which is
+why a checkpoint can resume on a different number of ranks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from hvd_overlap.core.plan import FORWARD, Plan, fmt_bytes, itemsize
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One variable's place in its bucket's flat vector."""
+
+    index: int              # position in the plan's variable list (forward order)
+    name: str
+    layer: str
+    shape: tuple[int, ...]
+    offset: int
+    size: int
+
+
+@dataclass(frozen=True)
+class BucketSlices:
+    """How one bucket is cut into ``ranks`` equal slices."""
+
+    bucket: int
+    dtype: str
+    segments: tuple[Segment, ...]
+    ranks: int
+    phase: str = FORWARD  # when the updated slices are all-gathered (FORWARD: next step)
+
+    @property
+    def total(self) -> int:
+        return sum(s.size for s in self.segments)
+
+    @property
+    def shard_size(self) -> int:
+        """Elements each rank owns (the last slices hold the padding)."""
+        return -(-self.total // self.ranks)
+
+    @property
+    def padding(self) -> int:
+        return self.shard_size * self.ranks - self.total
+
+    def owned(self, rank: int) -> tuple[int, int]:
+        """``[start, stop)`` of rank ``rank``'s slice in the padded flat vector."""
+        return rank * self.shard_size, (rank + 1) * self.shard_size
+
+    @property
+    def layers(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(s.layer for s in self.segments))
+
+
+@dataclass(frozen=True)
+class ShardLayout:
+    """Every bucket's slices, in plan order: the buckets all-gathered in this step's backprop
+    (backward order), then those all-gathered at the next step's start (forward order)."""
+
+    ranks: int
+    buckets: tuple[BucketSlices, ...]
+
+    def describe(self) -> str:
+        """One row per bucket: elements, padding, and what one rank owns."""
+        total = sum(b.total * itemsize(b.dtype) for b in self.buckets)
+        mine = sum(b.shard_size * itemsize(b.dtype) for b in self.buckets)
+        lines = [f"shards: ranks={self.ranks} buckets={len(self.buckets)} "
+                 f"total={fmt_bytes(total)} per rank={fmt_bytes(mine)}",
+                 f"{'bucket':>6}  {'dtype':<8} {'elements':>10} {'padding':>7} "
+                 f"{'per rank':>9}  {'all-gather':<10}  layers"]
+        for b in self.buckets:
+            when = "next step" if b.phase == FORWARD else "backprop"
+            lines.append(f"{b.bucket:>6}  {b.dtype:<8} {b.total:>10} {b.padding:>7} "
+                         f"{b.shard_size:>9}  {when:<10}  {', '.join(b.layers)}")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.describe()
+
+
+def partition(plan: Plan, ranks: int) -> ShardLayout:
+    """Cut every bucket of ``plan`` into ``ranks`` slices. Variables without a gradient are left
+    out (never sent nor updated, as with stock Horovod); a bucket with none is dropped."""
+    if ranks < 1:
+        raise ValueError(f"ranks must be at least 1, got {ranks}")
+    buckets = []
+    for b in plan.buckets:
+        segments, offset = [], 0
+        for v in b.variables:
+            if v.has_grad:
+                segments.append(Segment(v.index, v.name, v.layer, v.shape, offset, v.size))
+                offset += v.size
+        if segments:
+            buckets.append(BucketSlices(b.index, b.dtype, tuple(segments), ranks, b.phase))
+    return ShardLayout(ranks, tuple(buckets))
+
+
+def own_slice(bucket: BucketSlices, arrays: Mapping[int, np.ndarray], rank: int) -> np.ndarray:
+    """Rank ``rank``'s slice of the bucket, from whole per-variable arrays (by variable index)."""
+    flat = np.zeros(bucket.shard_size * bucket.ranks, dtype=bucket.dtype)
+    for s in bucket.segments:
+        flat[s.offset:s.offset + s.size] = np.asarray(arrays[s.index]).reshape(-1)
+    start, stop = bucket.owned(rank)
+    return flat[start:stop]
+
+
+def join_slices(bucket: BucketSlices, gathered: np.ndarray) -> dict[int, np.ndarray]:
+    """Whole per-variable arrays (by variable index) from the all-gathered padded vector."""
+    gathered = np.asarray(gathered).reshape(-1)
+    if gathered.size != bucket.shard_size * bucket.ranks:
+        raise ValueError(f"bucket {bucket.bucket}: expected {bucket.shard_size * bucket.ranks} "
+                         f"gathered elements, got {gathered.size}")
+    return {s.index: gathered[s.offset:s.offset + s.size].reshape(s.shape)
+            for s in bucket.segments}
+
+
+def segment_sizes(bucket: BucketSlices) -> Sequence[int]:
+    """Sizes to split the gathered vector into: every variable, then the padding."""
+    return [s.size for s in bucket.segments] + [bucket.padding]

@@ -1,0 +1,1 @@
+"""Run-time batch-size growth: the policy (pure Python), the Keras callback, and the data side."""

@@ -1,0 +1,109 @@
+"""``deferred`` and ``hybrid``: buckets of the plan's forward phase are reduced and applied at
+the start of the next step, in forward order, each layer's forward waiting only for its own
+bucket's update; the backward-phase buckets are reduced and applied in this step.
+
+Step t keeps the local gradients of the forward-phase buckets in buffers and sets ``pending``.
+The buffers start at zero on every rank and are never read before being written, so they need
+no broadcast.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import tensorflow as tf
+
+from hvd_overlap.comm.methods import Grad
+from hvd_overlap.comm.schedule import issue_backward, issue_forward
+from hvd_overlap.core.plan import BACKWARD, FORWARD, Plan
+from hvd_overlap.keras.executors.base import Executor
+from hvd_overlap.keras.executors.forward_phase import ForwardPhase
+from hvd_overlap.keras.state_scope import plugin_state
+
+
+class DeferringExecutor(Executor):
+    """Backward-phase buckets now; forward-phase buckets from buffers, in the next step."""
+
+    defers = True
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.phase = ForwardPhase(self.strategy)
+        self.plan: Plan | None = None
+        self.variables: list[tf.Variable] = []     # the variable list the plan indexes
+        self.buffers: dict[int, tf.Variable] = {}  # variable index -> local gradient of step t
+
+    def _init(self, plan: Plan, variables: list[tf.Variable]) -> None:
+        """A buffer for every forward-phase variable with a gradient, and the pending flag."""
+        with plugin_state():
+            for bucket in plan.phase_buckets(FORWARD):
+                for v in bucket.variables:
+                    if v.has_grad:
+                        var = variables[v.index]
+                        self.buffers[v.index] = tf.Variable(
+                            tf.zeros(var.shape, var.dtype), trainable=False,
+                            name="hvd_overlap_grad_" + v.name.split(":")[0].replace("/", "_"))
+        self.phase.create()
+        self.plan, self.variables = plan, list(variables)
+
+    def apply_gradients(self, grads: list[Grad], variables: list[tf.Variable],
+                        args: tuple, kwargs: dict, reduced: bool = False) -> Any:
+        plan = self.planner.plan_for(variables, grads)
+        ordered = self.settings.ordered
+        if self.plan is not None and plan is not self.plan:
+            raise ValueError("a deferring DistributedOptimizer serves one model: create one "
+                             "optimizer per model (the variable list changed)")
+        if reduced or not self.phase.can_defer():
+            # the whole update now: global already (compute_gradients), or no next-step phase
+            with tf.control_dependencies(self.phase.assert_not_pending()):
+                if not reduced:
+                    grads = issue_backward(plan, self.method, grads, variables, ordered,
+                                           phases=(BACKWARD, FORWARD))
+                return self.plain.apply_gradients(list(zip(grads, variables, strict=True)),
+                                                  *args, **kwargs)
+        if self.plan is None:
+            # First trace: the plan was unknown when the pre-forward phase was traced, so this
+            # graph reduces every bucket now (exact); the next trace defers.
+            self._init(plan, variables)
+            reduced = issue_backward(plan, self.method, grads, variables, ordered,
+                                     phases=(BACKWARD, FORWARD))
+            return self.plain.apply_gradients(list(zip(reduced, variables, strict=True)),
+                                              *args, **kwargs)
+        now = issue_backward(plan, self.method, grads, variables, ordered)
+        backward = sorted(v.index for b in plan.phase_buckets(BACKWARD) for v in b.variables)
+        pairs = [(now[i], variables[i]) for i in backward if grads[i] is not None]
+        self.apply_part(pairs, count=not self.buffers)  # nothing deferred: count now
+        for i, buf in self.buffers.items():
+            buf.assign(tf.convert_to_tensor(grads[i]))
+        self.phase.pending.assign(True)
+        return self.opt.iterations
+
+    def pre_forward(self) -> None:
+        self.phase.mark()
+        if self.plan is None:
+            return  # nothing traced yet, so nothing can be pending in this graph
+        forward = self.plan.phase_buckets(FORWARD)
+        last = len(forward) - 1
+        runs = [lambda b=b, k=k: self._bring_in(b, k == last) for k, b in enumerate(forward)]
+        issue_forward(runs, self.phase.pending)
+
+    def _bring_in(self, bucket, last: bool) -> None:
+        """Reduce one deferred bucket from its buffers and apply it (the last one counts the
+        step)."""
+        grads: list[Grad] = [None] * len(self.variables)
+        for v in bucket.variables:
+            if v.index in self.buffers:
+                grads[v.index] = self.buffers[v.index].read_value()
+        reduced = self.method.reduce(bucket, grads, self.variables)
+        self.apply_part([(reduced[v.index], self.variables[v.index]) for v in bucket.variables
+                         if v.index in reduced], count=last)
+
+    def flush(self) -> None:
+        self.phase.flush(self.pre_forward)
+
+    def take_retrace(self) -> bool:
+        return self.phase.take_retrace()
+
+    @property
+    def pending(self) -> bool:
+        return self.phase.is_pending()

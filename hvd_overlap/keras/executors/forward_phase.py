@@ -1,0 +1,102 @@
+"""The cross-iteration bookkeeping shared by the deferring and sharded modes.
+
+Step t leaves some buckets pending; the pre-forward phase of step t+1 (or a flush) brings them
+in. ``pending`` is a variable, equal on every rank, so every rank takes the same branch. The
+first traced step cannot defer (the plan is unknown when its pre-forward phase is traced), so it
+brings everything in at once and asks for one retrace.
+"""
+
+from __future__ import annotations
+
+import warnings
+import weakref
+from collections.abc import Callable
+
+import horovod.tensorflow as hvd
+import tensorflow as tf
+
+from hvd_overlap.keras.state_scope import plugin_state
+
+
+class ForwardPhase:
+    """Which graphs run the pre-forward phase, the pending flag, and the retrace request."""
+
+    def __init__(self, strategy: str) -> None:
+        self.strategy = strategy
+        self.pending: tf.Variable | None = None
+        self._retrace = False
+        self._warned = False
+        self._flush_fn: Callable[[], object] | None = None
+        self._graphs: weakref.WeakSet = weakref.WeakSet()
+
+    def mark(self) -> None:
+        """Record that the graph being built (or eager) runs the pre-forward phase."""
+        self._graphs.add(tf.compat.v1.get_default_graph())
+
+    def installed(self) -> bool:
+        """True if the graph being built, or one it is nested in (a ``tf.cond`` branch, as the
+        loss-scale optimizer's), runs the pre-forward phase."""
+        graph = tf.compat.v1.get_default_graph()
+        while graph is not None:
+            if graph in self._graphs:
+                return True
+            graph = getattr(graph, "outer_graph", None)
+        return False
+
+    def can_defer(self, reduced: bool = False) -> bool:
+        """True if this step may leave updates for the next one: its graph runs the
+        pre-forward phase. Otherwise (``fit`` without ``OverlapCallback``, ``train_on_batch``,
+        a custom step not made by ``make_train_step``) the step falls back to landing its whole
+        update now -- exact, without the overlap with the next forward -- with one warning
+        (rank 0) naming how to get the overlap back; and it checks that nothing was left
+        pending by an earlier step, since this step's forward could not have seen it."""
+        if self.installed():
+            return True
+        if not self._warned:
+            self._warned = True
+            if hvd.rank() == 0:
+                warnings.warn(
+                    f"hvd_overlap: strategy {self.strategy!r} ran a step without its pre-forward "
+                    "phase, so the step's update lands within the step (exact, but without the "
+                    "overlap with the next forward). To overlap: add hvd_overlap.keras."
+                    "OverlapCallback() to model.fit's callbacks, or build custom-loop steps with "
+                    "opt.make_train_step(step_fn) (then call opt.flush() before reading weights)."
+                    " train_on_batch has no such hook: it always falls back.", stacklevel=4)
+        return False
+
+    def assert_not_pending(self) -> list:
+        """An op (empty before the first step) that fails on every rank alike -- ``pending``
+        is equal on all of them -- if an earlier step left an update pending."""
+        if self.pending is None:
+            return []
+        return [tf.debugging.assert_equal(
+            self.pending, False, message=(
+                f"strategy {self.strategy!r}: an earlier step left an update pending and this "
+                "step's forward ran without it; call opt.flush() on every rank after training "
+                "with OverlapCallback/make_train_step and before train_on_batch or a custom step"))]
+
+    def create(self) -> None:
+        """The pending flag (first trace); the next trace can defer, so ask for it."""
+        with plugin_state():
+            self.pending = tf.Variable(False, trainable=False, name="hvd_overlap_pending")
+        self._retrace = True
+
+    @property
+    def created(self) -> bool:
+        return self.pending is not None
+
+    def is_pending(self) -> bool:
+        return self.pending is not None and bool(self.pending.numpy())
+
+    def take_retrace(self) -> bool:
+        """True once after ``create``: the train function must be traced again."""
+        asked, self._retrace = self._retrace, False
+        return asked
+
+    def flush(self, pre_forward: Callable[[], None]) -> None:
+        """Run the pre-forward phase now if something is pending, as a graph (the same kernels
+        as in the train step, so the same bits)."""
+        if self.is_pending():
+            if self._flush_fn is None:
+                self._flush_fn = tf.function(pre_forward)
+            self._flush_fn()

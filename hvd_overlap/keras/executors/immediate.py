@@ -1,0 +1,27 @@
+"""``horovod`` and ``layerwise``: every bucket reduced during backprop, then one update."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import tensorflow as tf
+
+from hvd_overlap.comm.methods import Grad
+from hvd_overlap.comm.schedule import issue_backward
+from hvd_overlap.keras.executors.base import Executor
+
+
+class ImmediateExecutor(Executor):
+    """Reduce this step's gradients bucket by bucket as they appear; apply them at once."""
+
+    def reduce(self, grads: list[Grad], variables: list[tf.Variable]) -> list[Grad]:
+        """Global gradients of this step (the backward phase of the plan)."""
+        plan = self.planner.plan_for(variables, grads)
+        return issue_backward(plan, self.method, grads, variables, self.settings.ordered)
+
+    def apply_gradients(self, grads: list[Grad], variables: list[tf.Variable],
+                        args: tuple, kwargs: dict, reduced: bool = False) -> Any:
+        if not reduced:
+            grads = self.reduce(grads, variables)
+        return self.plain.apply_gradients(list(zip(grads, variables, strict=True)),
+                                          *args, **kwargs)

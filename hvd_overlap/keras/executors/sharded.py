@@ -1,0 +1,196 @@
+"""``sharded`` and ``sharded_hybrid``: reduce-scatter during backprop, update this rank's slice
+of every bucket, all-gather the updated slices -- right after the update for the plan's
+backward-phase buckets, at the start of the next step (forward order) for its forward-phase ones.
+
+The slices, their optimizer slots and the checkpoint layout are ``ShardedState``
+(``hvd_overlap.keras.sharded_state``); the partition is ``hvd_overlap.core.sharding``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import horovod.tensorflow as hvd
+import numpy as np
+import tensorflow as tf
+
+from hvd_overlap.comm.methods import Grad
+from hvd_overlap.comm.schedule import chain, issue_forward
+from hvd_overlap.core.plan import BACKWARD, FORWARD, Plan
+from hvd_overlap.core.sharding import BucketSlices, ShardLayout, partition
+from hvd_overlap.keras.executors.base import Executor
+from hvd_overlap.keras.executors.forward_phase import ForwardPhase
+from hvd_overlap.keras.sharded_state import ShardedState, plain_order, stale_state_error
+
+
+class ShardedExecutor(Executor):
+    """Each rank updates its slice; the slot variables exist for the slices only."""
+
+    defers = True
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.phase = ForwardPhase(self.strategy)
+        self.plan: Plan | None = None
+        self.state = ShardedState(self.settings.name, self.opt, self.plain.cls)
+
+    def apply_gradients(self, grads: list[Grad], variables: list[tf.Variable],
+                        args: tuple, kwargs: dict, reduced: bool = False) -> Any:
+        """Reduce-scatter every bucket (``reduced``: the gradients are global already, each
+        rank takes its slice), update this rank's slices; the forward-phase all-gathers run at
+        the start of the next step -- or now, on the first trace (no pre-forward phase was set
+        up yet) and in steps without that phase."""
+        defer = self.phase.can_defer()
+        plan = self.planner.plan_for(variables, grads)
+        first = self.plan is None
+        if first:
+            _check_shardable(variables, plan)
+            self.phase.create()
+            self.state.create(partition(plan, hvd.size()), variables, self.plain.build)
+            self.plan = plan
+        elif plan is not self.plan:
+            raise ValueError("a sharded DistributedOptimizer serves one model: create one "
+                             "optimizer per model (the variable list changed)")
+        st = self.state
+        checks = [] if defer else self.phase.assert_not_pending()
+        if reduced:
+            grads = [g if g is None else tf.convert_to_tensor(g) for g in grads]
+        pairs = []
+        for b in st.layout.buckets:
+            with tf.control_dependencies(checks):
+                piece = st.slice_of(b, grads) if reduced else self.method.scatter(b, grads)
+            st.params[b.bucket].assign(st.slice_of(b, variables))  # current weights, exactly
+            pairs.append((piece, st.params[b.bucket]))
+        self.apply_part(pairs, count=True)
+        for b in st.layout.buckets:
+            if b.phase == BACKWARD:
+                self._gather(b)
+        forward = [lambda b=b: self._gather(b) for b in st.layout.buckets if b.phase == FORWARD]
+        if first or not defer:  # no pre-forward phase: every bucket now, in forward order
+            chain(forward)
+        elif forward:
+            self.phase.pending.assign(True)
+        return self.opt.iterations
+
+    def _gather(self, bucket: BucketSlices) -> tf.Tensor:
+        """All-gather one bucket's updated slices into the model's variables."""
+        st = self.state
+        whole = self.method.gather(bucket, st.params[bucket.bucket])
+        for seg, value in zip(bucket.segments, whole, strict=True):
+            st.variables[seg.index].assign(value)
+        return tf.constant(True)
+
+    def pre_forward(self) -> None:
+        self.phase.mark()
+        if self.plan is None:
+            return
+        issue_forward([lambda b=b: self._gather(b)
+                       for b in self.state.layout.buckets if b.phase == FORWARD],
+                      self.phase.pending)
+
+    def flush(self) -> None:
+        self.phase.flush(self.pre_forward)
+
+    def take_retrace(self) -> bool:
+        return self.phase.take_retrace()
+
+    @property
+    def pending(self) -> bool:
+        return self.phase.is_pending()
+
+    def gather_state(self) -> None:
+        st = self.state
+        if st.layout is None:
+            return
+        step = int(self.opt.iterations.numpy())
+        if st.checkpoint.iterations != step:
+            st.checkpoint.set(step, st.gather_state())
+
+    def slice_variables(self) -> tuple[list[tf.Variable], list[tf.Variable]]:
+        st = self.state
+        return list(st.params.values()), [v for d in st.slots.values() for v in d.values()]
+
+    @property
+    def shard_layout(self) -> ShardLayout:
+        if self.state.layout is None:
+            raise RuntimeError("no shard layout: strategy='sharded' builds it at the first step")
+        return self.state.layout
+
+    # -- Keras hooks -------------------------------------------------------------------------
+
+    def build(self, var_list) -> None:
+        """Slots are built for the slices at the first step, not for the model's variables (a
+        user's ``opt.build(model.trainable_variables)`` is a no-op)."""
+        return None
+
+    def save_own_variables(self, store: Any) -> Any:
+        """``.keras`` files: the gathered state in the plain optimizer's own layout, so the file
+        loads like one saved by stock Horovod (with or without the plugin, any rank count)."""
+        st = self.state
+        if st.layout is None or self.plain.save_own_variables is None:  # legacy: none, as stock
+            return super().save_own_variables(store)
+        step = int(self.opt.iterations.numpy())
+        if st.checkpoint.iterations != step:
+            raise stale_state_error(step, st.checkpoint.iterations)
+        variables = st.variables
+        store["0"] = self.opt.iterations.numpy()
+        for k, (slot, index, initial) in enumerate(
+                plain_order(self.plain.cls, self.opt, variables), start=1):
+            saved = st.checkpoint.slots.get(slot, {}).get(index)
+            # a variable without gradient keeps its initial slot value, as in stock Horovod
+            store[str(k)] = saved if saved is not None else np.full(
+                variables[index].shape, initial, variables[index].dtype.as_numpy_dtype)
+        return None
+
+    def load_own_variables(self, store: Any) -> Any:
+        if self.plain.load_own_variables is None:
+            return super().load_own_variables(store)
+        arrays = [np.asarray(store[str(k)]) for k in range(len(store.keys()))]
+        self.opt.iterations.assign(arrays[0])
+        self.state.checkpoint.restore_plain(arrays[1:], int(self.opt.iterations.numpy()))
+        return None
+
+    def trackable_children(self, children: dict[str, Any]) -> dict[str, Any]:
+        """This rank's slot slices are not checkpointed as the optimizer's own variables
+        (another rank, or another number of ranks, could not use them); the gathered whole
+        arrays are, through ``hvd_overlap_sharded_state``."""
+        hidden = {id(v) for d in self.state.slots.values() for v in d.values()}
+        if not hidden:
+            return children
+        return {k: c for k, c in children.items() if not _holds_any(c, hidden)}
+
+    def apply_weight_decay(self, variables) -> Any:
+        """Decoupled weight decay on the slices, skipping the elements of excluded variables,
+        as Keras skips the variables."""
+        st = self.state
+        if st.layout is None or self.opt.weight_decay is None:
+            return super().apply_weight_decay(variables)
+        for b, p in st.params.items():
+            lr = tf.cast(self.opt.learning_rate, p.dtype)
+            wd = tf.cast(self.opt.weight_decay, p.dtype)
+            mask = st.decay_masks.get(b)
+            p.assign_sub((p if mask is None else p * mask) * wd * lr)
+        return None
+
+
+def _check_shardable(variables, plan: Plan) -> None:
+    """Checks that need the variables (first step, before any collective, on every rank)."""
+    for spec in plan.variables:
+        v = variables[spec.index]
+        if spec.has_grad and getattr(v, "constraint", None) is not None:
+            raise ValueError(
+                f"variable {v.name} has a constraint, which Keras applies to the whole variable "
+                "after its update; strategy='sharded' updates slices. Remove the constraint or "
+                "use strategy='deferred' or 'layerwise'")
+
+
+def _holds_any(child, ids: set[int]) -> bool:
+    """True if a trackable child is, or is a list holding, one of the variables ``ids``."""
+    if id(child) in ids:
+        return True
+    if isinstance(child, tf.Variable) or not hasattr(child, "__iter__"):
+        return False
+    try:
+        return any(id(item) in ids for item in child)
+    except TypeError:
+        return False

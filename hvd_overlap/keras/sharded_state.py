@@ -1,0 +1,278 @@
+"""The state of the sharded mode: this rank's parameter slices, the optimizer slots that exist
+only for them, and complete checkpoints.
+
+Each bucket has one flat ``tf.Variable`` of ``shard_size`` elements, this rank's slice of the
+bucket's parameters: the wrapped optimizer updates it (so its slots -- momentum, Adam moments --
+are built for the slices only, ``1/P`` of stock Horovod's memory). The model's variables stay the
+source of truth between steps: every step copies this rank's slice out of them before updating it,
+so broadcasts, ``load_weights`` and ``set_weights`` need nothing special.
+
+The slots are kept out of ``optimizer.variables()`` (so ``BroadcastGlobalVariablesCallback`` does
+not overwrite one rank's slots with rank 0's) and out of the optimizer's own checkpoint entries.
+Instead :class:`ShardedCheckpoint` (an attribute of the optimizer, so it is saved with it) holds
+the slots gathered from every rank as whole per-variable arrays, a layout that does not depend on
+the number of ranks: restoring slices it for the current rank and size.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import horovod.tensorflow as hvd
+import numpy as np
+import tensorflow as tf
+from tensorflow.python.trackable import base as trackable
+
+from hvd_overlap.core.sharding import ShardLayout, join_slices, own_slice
+from hvd_overlap.keras.state_scope import plugin_state
+
+#: dtypes a checkpoint keeps slot state in (one flat array each); fixed so restores can name them
+_STATE_DTYPES = ("float16", "float32", "float64")
+
+
+class ShardedState:
+    """One model's sharded state on this rank (kept by the sharded executor as plain data)."""
+
+    def __init__(self, name: str, opt: Any, plain_class: type) -> None:
+        self.name = name
+        self.opt = opt                    # the optimizer (its step counter and configuration)
+        self.plain_class = plain_class    # the user's optimizer class (checkpoint layout)
+        self.layout: ShardLayout | None = None
+        self.variables: list[tf.Variable] = []                 # the list the layout indexes
+        self.params: dict[int, tf.Variable] = {}               # bucket -> this rank's slice
+        self.slots: dict[int, dict[str, tf.Variable]] = {}     # bucket -> slot name -> slice
+        self.decay_masks: dict[int, tf.Tensor] = {}            # bucket -> 1 where decay applies
+        self.checkpoint = ShardedCheckpoint(self)
+
+    @property
+    def step(self) -> int | None:
+        """The optimizer's step counter now (None before the first step)."""
+        return int(self.opt.iterations.numpy()) if self.layout is not None else None
+
+    def create(self, layout: ShardLayout, variables: Sequence[tf.Variable],
+               build_slots: Callable[[list[tf.Variable]], Any]) -> None:
+        """Slice variables, the optimizer's slots for them (made by ``build_slots``, the plain
+        optimizer's ``build``, then hidden from ``variables()``), and any slot state a
+        checkpoint restored before the optimizer was built."""
+        rank = hvd.rank()
+        self.variables = list(variables)
+        with plugin_state():
+            for b in layout.buckets:
+                arrays = {s.index: variables[s.index].numpy() for s in b.segments}
+                self.params[b.bucket] = tf.Variable(
+                    own_slice(b, arrays, rank), trainable=False,
+                    name=f"{self.name}_shard{b.bucket}")
+            self.slots = _build_slots(self.opt, self.params, build_slots)
+            self.decay_masks = _decay_masks(self.opt, layout, variables, rank)
+            self.layout = layout
+            self.checkpoint.apply_pending()  # eagerly, once (not an op of the train step)
+
+    def slice_of(self, bucket, variables: Sequence[tf.Variable]) -> tf.Tensor:
+        """This rank's slice of the bucket's current parameters (a graph tensor)."""
+        start, stop = bucket.owned(hvd.rank())
+        parts = []
+        for s in bucket.segments:  # only the variables overlapping [start, stop)
+            lo, hi = max(start, s.offset), min(stop, s.offset + s.size)
+            if lo < hi:
+                parts.append(tf.reshape(variables[s.index], [-1])[lo - s.offset:hi - s.offset])
+        padding = stop - max(start, bucket.total)
+        if padding > 0:
+            parts.append(tf.zeros([padding], bucket.dtype))
+        return parts[0] if len(parts) == 1 else tf.concat(parts, 0)
+
+    def gather_state(self) -> dict[str, Any]:
+        """Every rank's slot slices, all-gathered into whole per-variable arrays (eager; call on
+        every rank). Returns ``{slot name: {variable index: array}}``, indexed like
+        ``model.trainable_variables`` (as Keras checkpoints match by structure, not by name)."""
+        assert self.layout is not None
+        slots: dict[str, dict[int, np.ndarray]] = {}
+        for b in self.layout.buckets:
+            names = sorted(self.slots[b.bucket])
+            if not names:
+                continue
+            gathered = hvd.grouped_allgather(
+                [self.slots[b.bucket][n].read_value() for n in names],
+                name=f"{self.name}.state{b.bucket}", ignore_name_scope=True)
+            for n, g in zip(names, gathered, strict=True):
+                whole = join_slices(b, g.numpy())
+                for s in b.segments:
+                    slots.setdefault(n, {})[s.index] = whole[s.index]
+        return slots
+
+    def load_state(self, slots: dict[str, dict[int, np.ndarray]]) -> None:
+        """Set this rank's slot slices from whole per-variable arrays (any number of ranks)."""
+        assert self.layout is not None
+        rank = hvd.rank()
+        for b in self.layout.buckets:
+            for n, var in self.slots[b.bucket].items():
+                saved = slots.get(n, {})
+                for s in b.segments:
+                    got = saved.get(s.index)
+                    if got is None or tuple(got.shape) != tuple(s.shape):
+                        raise ValueError(
+                            f"the checkpoint's optimizer state {n!r} has no array of shape "
+                            f"{list(s.shape)} for trainable variable {s.index} ({s.name}): it "
+                            "was saved for a different model or optimizer")
+                var.assign(own_slice(b, {s.index: saved[s.index] for s in b.segments}, rank))
+
+
+class ShardedCheckpoint(trackable.Trackable):
+    """The sharded optimizer state as a checkpoint sees it: whole per-variable slot arrays,
+    gathered from every rank by ``opt.gather_state()`` (``OverlapCallback`` does it at the end
+    of each epoch). Saving with a stale gather is recorded and refused when restoring."""
+
+    def __init__(self, state: ShardedState) -> None:
+        self._state = state
+        self.iterations: int | None = None   # the step the gathered state belongs to
+        self.slots: dict[str, dict[int, np.ndarray]] = {}
+        self.pending: dict[str, dict[int, np.ndarray]] | None = None  # restored, not yet set
+        self.pending_plain: list[np.ndarray] | None = None  # from a .keras file, not yet set
+
+    def set(self, iterations: int, slots: dict[str, dict[int, np.ndarray]]) -> None:
+        self.iterations, self.slots = iterations, slots
+
+    def restore(self, slots: dict[str, dict[int, np.ndarray]], iterations: int | None) -> None:
+        """Whole arrays read from a checkpoint: set now, or when the slices are built."""
+        self.slots, self.iterations = slots, iterations
+        self.pending = slots if slots else None
+        self.apply_pending()
+
+    def restore_plain(self, arrays: list[np.ndarray], iterations: int) -> None:
+        """Slot arrays in the plain optimizer's order (a ``.keras`` file): set now, or when
+        the slices are built (that order needs the model's variables)."""
+        self.pending_plain, self.iterations = arrays, iterations
+        self.apply_pending()
+
+    def apply_pending(self) -> None:
+        sh = self._state
+        if sh.layout is None:
+            return
+        if self.pending_plain is not None:
+            order = plain_order(sh.plain_class, sh.opt, sh.variables)
+            if len(self.pending_plain) != len(order):
+                raise ValueError(
+                    f"the file's optimizer has {len(self.pending_plain) + 1} variables, "
+                    f"{sh.plain_class.__name__} on this model would have {len(order) + 1}")
+            slots: dict[str, dict[int, np.ndarray]] = {}
+            for (slot, index, _), arr in zip(order, self.pending_plain, strict=True):
+                slots.setdefault(slot, {})[index] = arr
+            self.slots, self.pending, self.pending_plain = slots, slots, None
+        if self.pending is not None:
+            sh.load_state(self.pending)
+            self.pending = None
+
+    def _serialize_to_tensors(self):
+        entries, data = [], {d: [] for d in _STATE_DTYPES}
+        offsets = dict.fromkeys(_STATE_DTYPES, 0)
+        for slot in sorted(self.slots):
+            for index, arr in sorted(self.slots[slot].items()):
+                d = arr.dtype.name if arr.dtype.name in data else "float32"
+                entries.append([slot, index, list(arr.shape), d, offsets[d]])
+                data[d].append(arr.astype(d).reshape(-1))
+                offsets[d] += arr.size
+        layout = {"format": 1, "entries": entries, "iterations": self.iterations,
+                  "trained": self._state.layout is not None, "saved_at": self._state.step}
+        out = {"layout": tf.constant(json.dumps(layout))}
+        for d in _STATE_DTYPES:
+            out[d] = tf.constant(np.concatenate(data[d]) if data[d] else np.zeros(0, d))
+        return out
+
+    def _restore_from_tensors(self, restored):
+        layout = json.loads(restored["layout"].numpy().decode())
+        if layout["trained"] and layout["iterations"] != layout["saved_at"]:
+            raise stale_state_error(layout["saved_at"], layout["iterations"])
+        data = {d: restored[d].numpy() for d in _STATE_DTYPES}
+        slots: dict[str, dict[int, np.ndarray]] = {}
+        for slot, index, shape, d, offset in layout["entries"]:
+            size = int(np.prod(shape))
+            slots.setdefault(slot, {})[int(index)] = data[d][offset:offset + size].reshape(shape)
+        self.restore(slots, layout["iterations"])
+        return tf.no_op()
+
+
+def _build_slots(opt, params: dict[int, tf.Variable],
+                 build: Callable[[list[tf.Variable]], Any]) -> dict[int, dict[str, tf.Variable]]:
+    """Build the optimizer's slots for the slice variables (``build``: the plain optimizer's),
+    then take them out of ``opt.variables()`` (and so out of broadcasts and the optimizer's own
+    checkpoint entries)."""
+    shard_vars = list(params.values())
+    slots: dict[int, dict[str, tf.Variable]] = {b: {} for b in params}
+    legacy = isinstance(opt, tf.keras.optimizers.legacy.Optimizer)
+    if legacy:  # slots via add_slot, found by get_slot
+        opt._create_all_weights(shard_vars)
+        for b, p in params.items():
+            for n in opt.get_slot_names():
+                try:
+                    slots[b][n] = opt.get_slot(p, n)
+                except KeyError:
+                    pass
+    else:  # slots appended to opt.variables, found by name
+        before = {id(v) for v in opt.variables}
+        build(shard_vars)
+        owner = {p._shared_name: b for b, p in params.items()}
+        for v in opt.variables:
+            if id(v) in before:
+                continue
+            slot, var_name = _slot_of(v)
+            if var_name not in owner:
+                raise TypeError(f"{type(opt).__name__} made variable {v.name} that is not a slot "
+                                "of one parameter slice; the sharded strategy cannot split it")
+            slots[owner[var_name]][slot] = v
+    hidden = {id(v) for d in slots.values() for v in d.values()}
+    if legacy:
+        opt._weights = [v for v in opt._weights if id(v) not in hidden]
+    else:
+        opt._variables = [v for v in opt._variables if id(v) not in hidden]
+    return slots
+
+
+def _slot_of(v: tf.Variable) -> tuple[str, str]:
+    """(slot name, variable name) of a Keras optimizer variable named
+    ``[<optimizer>/]<slot>/<variable>``."""
+    prefix, _, var_name = v.name.split(":")[0].rpartition("/")
+    return prefix.rpartition("/")[2], var_name
+
+
+def _decay_masks(opt, layout: ShardLayout, variables, rank: int) -> dict[int, tf.Tensor]:
+    """Keras's decoupled weight decay skips the variables excluded by name or identity; on a
+    slice spanning several variables that is a 0/1 mask (only where some are excluded)."""
+    if getattr(opt, "weight_decay", None) is None:
+        return {}
+    masks = {}
+    for b in layout.buckets:
+        use = {s.index: opt._use_weight_decay(variables[s.index]) for s in b.segments}
+        if all(use.values()):
+            continue
+        ones = {s.index: np.full(s.shape, 1.0 if use[s.index] else 0.0, b.dtype)
+                for s in b.segments}
+        masks[b.bucket] = tf.constant(own_slice(b, ones, rank))
+    return masks
+
+
+def stale_state_error(weights_step: int, state_step: int | None) -> ValueError:
+    return ValueError(
+        f"weights of step {weights_step} but sharded optimizer state of step {state_step} "
+        "(None: never gathered): the state was not gathered before saving. Save where "
+        "OverlapCallback gathers it (end of epoch, or pass OverlapCallback(flush_every=N) for "
+        "ModelCheckpoint(save_freq=N)), or call opt.flush(); opt.gather_state() on every rank "
+        "before saving.")
+
+
+def plain_order(plain_class: type, opt,
+                variables: Sequence[tf.Variable]) -> list[tuple[str, int, float]]:
+    """(slot name, variable index, initial value) of every variable the plain optimizer (the
+    user's class, configured as ``opt``) would keep after its step counter, in its order (that
+    of ``save_own_variables``); found by building one on 1-element stand-ins, so no full-size
+    slot is ever allocated."""
+    plain = plain_class.from_config(opt.get_config())
+    with plugin_state():
+        probes = [tf.Variable(tf.zeros([1], v.dtype), name=f"hvdo_probe{i}")
+                  for i, v in enumerate(variables)]
+        plain.build(probes)
+    order = []
+    for v in plain.variables[1:]:
+        slot, var_name = _slot_of(v)
+        order.append((slot, int(var_name[len("hvdo_probe"):]), float(v.numpy()[0])))
+    return order

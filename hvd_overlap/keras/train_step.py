@@ -1,0 +1,30 @@
+"""Custom training loops with a deferring strategy: the step with the pre-forward phase first."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import tensorflow as tf
+
+
+class OverlapTrainStep:
+    """A custom-loop step (ending with ``apply_gradients``) in a ``tf.function`` that starts
+    with ``opt.pre_forward()``; traced again once, after the first call (when the plan, unknown
+    at the first trace, becomes known). Made by ``opt.make_train_step(step_fn)``."""
+
+    def __init__(self, opt: Any, step_fn: Callable[..., Any]):
+        self.opt, self.step_fn = opt, step_fn
+        self._fn = self._trace()
+
+    def _trace(self):
+        def step(*args, **kwargs):
+            self.opt.pre_forward()
+            return self.step_fn(*args, **kwargs)
+        return tf.function(step)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        out = self._fn(*args, **kwargs)
+        if self.opt.take_retrace():
+            self._fn = self._trace()
+        return out

@@ -1,0 +1,82 @@
+"""What ``DistributedOptimizer`` refuses, checked at creation on every rank (no collective), so a
+bad argument fails everywhere alike, with the fix named."""
+
+from __future__ import annotations
+
+import horovod.tensorflow as hvd
+import tensorflow as tf
+
+from hvd_overlap.core.plan import GATHER_METHODS
+
+
+def element_wise_optimizers() -> tuple[type, ...]:
+    """Optimizers whose update of an element reads only that element's gradient and state."""
+    o, legacy = tf.keras.optimizers, tf.keras.optimizers.legacy
+    return (o.SGD, o.Adam, o.AdamW, o.RMSprop, o.Adagrad, o.Adadelta, o.Adamax, o.Nadam, o.Ftrl,
+            o.Lion, legacy.SGD, legacy.Adam, legacy.RMSprop, legacy.Adagrad, legacy.Adadelta,
+            legacy.Adamax, legacy.Nadam, legacy.Ftrl)
+
+
+def validate_sharding(optimizer) -> None:
+    """What updating 1/P of each flattened bucket cannot do exactly, refused up front."""
+    known = element_wise_optimizers()
+    if type(optimizer) not in known:
+        raise ValueError(
+            f"strategy='sharded' updates a slice of each flattened bucket, which is exact only "
+            f"for element-wise optimizers ({', '.join(sorted({k.__name__ for k in known}))}); "
+            f"{type(optimizer).__name__} is not one of them (an update that needs whole "
+            "tensors, like Adafactor's factored moments or a trust ratio, would be wrong). Use "
+            "strategy='deferred' or 'layerwise'")
+    if getattr(optimizer, "clipnorm", None) or getattr(optimizer, "global_clipnorm", None):
+        raise ValueError(
+            "clipnorm/global_clipnorm need whole-tensor norms, but with strategy='sharded' each "
+            "rank holds only a slice of every gradient; use clipvalue (element-wise), or "
+            "strategy='layerwise' or 'deferred'")
+    if getattr(optimizer, "use_ema", False):
+        raise ValueError("use_ema keeps a whole-model moving average, which strategy='sharded' "
+                         "does not shard; use strategy='deferred' or 'layerwise'")
+
+
+def validate_deferring(optimizer, strategy, backward_passes_per_step, defer) -> None:
+    """What deferring updates bucket by bucket cannot do exactly, refused up front."""
+    if backward_passes_per_step > 1:
+        raise ValueError(f"strategy {strategy!r} does not combine with backward_passes_per_step"
+                         " > 1; use strategy='layerwise' for gradient accumulation")
+    if getattr(optimizer, "global_clipnorm", None):
+        raise ValueError(f"global_clipnorm needs every gradient at once, but strategy "
+                         f"{strategy!r} applies updates bucket by bucket; use clipnorm (per "
+                         "variable) or strategy='layerwise'")
+    if defer is not None and (not isinstance(defer, int) or defer < 0):
+        raise ValueError(f"defer must be a number of buckets >= 0, got {defer!r}")
+
+
+def validate(optimizer, strategy, bucket_bytes, op, gradient_predivide_factor,
+              backward_passes_per_step, num_groups, groups, process_set, gather_with) -> None:
+    """Every check is local (no collective), so a bad argument fails on every rank alike."""
+    legacy = tf.keras.optimizers.legacy.Optimizer
+    if not isinstance(optimizer, tf.keras.optimizers.Optimizer | legacy):
+        raise TypeError(f"expected a Keras optimizer (tf.keras.optimizers.*), got "
+                        f"{type(optimizer).__name__}")
+    if hasattr(optimizer, "register_bucket_method"):
+        raise TypeError("this optimizer is already a hvd_overlap DistributedOptimizer; "
+                        "wrap the plain optimizer once")
+    if op not in (hvd.Average, hvd.Sum):
+        raise ValueError("op must be hvd.Average or hvd.Sum (as in Horovod's Keras optimizer)")
+    if not isinstance(bucket_bytes, int) or bucket_bytes <= 0:
+        raise ValueError(f"bucket_bytes must be a positive int (bytes), got {bucket_bytes!r}")
+    if gradient_predivide_factor <= 0:
+        raise ValueError("gradient_predivide_factor must be > 0")
+    if not isinstance(backward_passes_per_step, int) or backward_passes_per_step < 1:
+        raise ValueError(f"backward_passes_per_step must be an int >= 1, got "
+                         f"{backward_passes_per_step!r}")
+    if strategy != "horovod" and (num_groups or groups is not None):
+        raise ValueError(f"groups/num_groups are Horovod's manual grouping; strategy "
+                         f"{strategy!r} groups by its plan (tune bucket_bytes instead), or use "
+                         "strategy='horovod'")
+    if process_set is not hvd.global_process_set:
+        raise ValueError("only the global process set is supported; drop process_set=")
+    if gather_with not in GATHER_METHODS:
+        raise ValueError(f"gather_with={gather_with!r}: choose {' or '.join(GATHER_METHODS)}")
+    if not hvd.is_initialized():
+        raise RuntimeError("Horovod is not initialised: call hvd.init() "
+                           "before creating the DistributedOptimizer")

@@ -1,0 +1,85 @@
+"""Benchmark settings, validated before anything is launched."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+
+#: The baseline: real ``horovod.tensorflow.keras.DistributedOptimizer``, run in processes that
+#: never import the plugin's runtime.
+STOCK = "stock"
+#: The compute-only bound: the same training with the plain, unwrapped optimizer.
+LOCAL = "local"
+#: What runs in the clean processes (the others run in processes with the plugin loaded).
+CLEAN = (STOCK, LOCAL)
+MODEL_NAMES = ("vgg", "resnet20", "mlp", "cnn")
+
+
+def is_clean_group(strategies: Iterable[str]) -> bool:
+    """True if these strategies all run in the clean (plugin-free) baseline process."""
+    return set(strategies) <= set(CLEAN)
+
+
+def all_strategies() -> tuple[str, ...]:
+    """``stock``, every strategy of ``hvd_overlap.STRATEGIES`` (read at run time), ``local``."""
+    from hvd_overlap import STRATEGIES
+
+    return (STOCK, *STRATEGIES, LOCAL)
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """What to measure. ``batch_size`` is per rank; ``steps`` are timed per round and strategy,
+    after ``warmup`` untimed ones; ``net`` is ``plain`` (this machine's loopback, unshaped) or a
+    tc rate (``1gbit``) of the emulated network ``net_model`` (``hosts`` or ``loopback``, see
+    ``hvd_overlap.tools.netns``)."""
+
+    model: str = "vgg"
+    np: int = 2
+    batch_size: int = 64
+    steps: int = 10
+    warmup: int = 2
+    rounds: int = 3
+    strategies: tuple[str, ...] = field(default_factory=all_strategies)
+    net: str = "plain"
+    net_model: str = "hosts"
+    pin: bool = True
+    tiny: bool = False
+    seed: int = 0
+    timeout: float = 1800.0
+
+    def validate(self) -> BenchConfig:
+        """Raise ValueError naming the bad setting; return self."""
+        from hvd_overlap.tools.netns import parse_net
+
+        if self.model not in MODEL_NAMES:
+            raise ValueError(f"--model {self.model!r}: choose one of {', '.join(MODEL_NAMES)}")
+        for name in ("np", "batch_size", "steps", "warmup", "rounds"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
+        if self.timeout <= 0:
+            raise ValueError("--timeout must be positive")
+        known = all_strategies()
+        unknown = [s for s in self.strategies if s not in known]
+        if unknown or not self.strategies:
+            raise ValueError(f"--strategies {','.join(unknown) or '(empty)'}: choose from "
+                             f"{', '.join(known)}")
+        if len(set(self.strategies)) != len(self.strategies):
+            raise ValueError("--strategies: a strategy is named twice")
+        parse_net(self.net)
+        from hvd_overlap.tools.netns import NET_MODELS
+
+        if self.net_model not in NET_MODELS:
+            raise ValueError(f"--net-model {self.net_model!r}: choose one of "
+                             f"{', '.join(NET_MODELS)}")
+        return self
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> BenchConfig:
+        d = json.loads(text)
+        d["strategies"] = tuple(d["strategies"])
+        return cls(**d)

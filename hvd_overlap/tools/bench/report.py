@@ -1,0 +1,173 @@
+"""From raw step times (``worker.run``) to the numbers, the table, the JSON and the plot.
+
+Per strategy: ``step_time_s`` is the median over rounds of the mean timed step (slowest rank);
+``samples_per_sec`` = global batch / step time; ``ratio_to_stock`` = the step time of real stock
+Horovod (``stock``: ``hvd.DistributedOptimizer`` in processes that never imported the plugin) /
+this one (> 1 is faster); ``efficiency`` = compute-only (``local``) step time / this one.
+``bytes_per_step`` is the gradient bytes reduced per step: the sum of the model's trainable
+variable sizes (0 for ``local``); a ring allreduce sends ``2 (P-1)/P`` times that per rank,
+given as ``wire_bytes_per_rank``. ``wire_s`` is the time the gradient collectives really spent on
+the wire per step (from a Horovod timeline) and ``hidden`` = 1 - (step time - local step time) /
+``wire_s``: the fraction of that communication time hidden behind compute.
+
+For ``sharded`` the two phases are split: ``reduce_scatter_hidden`` = 1 - (reduce-scatter wire
+time after the step's last reduce-scatter was enqueued, i.e. after backprop) / its wire time;
+``all_gather_hidden`` = 1 - (the rest of the exposed time) / the all-gathers' wire time (the
+all-gathers are the only other communication, overlapping the next forward).
+``slot_mib`` is the optimizer slots one rank keeps (momentum, moments...); ``slice_mib`` the
+parameter slices a sharded rank updates (0 for the others); ``optimizer_mib`` their sum.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+from hvd_overlap.tools.bench.config import LOCAL, STOCK
+from hvd_overlap.tools.timeline import GATHER_OPS
+
+Summary = dict[str, dict[str, Any]]
+
+
+def summarize(raw: dict[str, Any]) -> Summary:
+    """The per-strategy numbers, keyed by strategy, in the order measured."""
+    steps = {s: statistics.median(t) for s, t in raw["step_times"].items()}
+    ranks, grad = raw["ranks"], raw["grad_bytes"]
+    out: Summary = {}
+    for s, t in steps.items():
+        sent = 0 if s == LOCAL else grad
+        out[s] = {
+            "samples_per_sec": raw["global_batch"] / t,
+            "step_time_s": t,
+            "ratio_to_stock": steps[STOCK] / t if STOCK in steps else None,
+            "efficiency": steps[LOCAL] / t if LOCAL in steps else None,
+            "bytes_per_step": sent,
+            "wire_bytes_per_rank": round(sent * 2 * (ranks - 1) / ranks),
+            "round_step_times_s": list(raw["step_times"][s]),
+            "wire_s": raw.get("wire_time_per_step_s", {}).get(s),
+            "hidden": hidden_fraction(t, steps.get(LOCAL), raw.get(
+                "wire_time_per_step_s", {}).get(s)),
+            **_memory(raw.get("optimizer_state_bytes", {}).get(s)),
+            **phase_hidden(t, steps.get(LOCAL), (raw.get("wire_by_collective_s") or {}).get(s)),
+        }
+    return out
+
+
+def _memory(state: dict[str, int] | None) -> dict[str, Any]:
+    if not state:
+        return {}
+    return {"optimizer_mib": (state["slots"] + state["slices"]) / 2**20,
+            "slot_mib": state["slots"] / 2**20, "slice_mib": state["slices"] / 2**20}
+
+
+def phase_hidden(step: float, local: float | None, wire: dict[str, float] | None
+                 ) -> dict[str, float]:
+    """Sharded: hidden shares of the reduce-scatters (under backprop) and of the all-gathers
+    (under the next forward); see the module docstring. Empty for other strategies."""
+    gathers = [wire[op] for op in GATHER_OPS if op in wire] if wire else []
+    if local is None or not wire or "REDUCESCATTER" not in wire or not gathers:
+        return {}
+    rs, ag = wire["REDUCESCATTER"], sum(gathers)
+    rs_exposed = wire.get("REDUCESCATTER_after_backprop", 0.0)
+    ag_exposed = max(step - local - rs_exposed, 0.0)
+    return {"reduce_scatter_s": rs, "all_gather_s": ag,
+            "reduce_scatter_hidden": _hidden(rs_exposed, rs) if rs else None,
+            "all_gather_hidden": _hidden(ag_exposed, ag) if ag else None}
+
+
+def hidden_fraction(step: float, local: float | None, wire: float | None) -> float | None:
+    """Share of the wire time not added to the step: 1 - exposed / wire, clamped to [0, 1]."""
+    if local is None or not wire:
+        return None
+    return _hidden(step - local, wire)
+
+
+def _hidden(exposed: float, wire: float) -> float:
+    """1 - exposed / wire, clamped to [0, 1]."""
+    return min(max(1.0 - exposed / wire, 0.0), 1.0)
+
+
+def _num(x: float | None, fmt: str) -> str:
+    return "-" if x is None else format(x, fmt)
+
+
+def net_label(c: dict[str, Any]) -> str:
+    """``plain``, ``1gbit hosts`` (emulated hosts) or ``1gbit loopback`` (one shared loopback)."""
+    return c["net"] if c["net"] == "plain" else f"{c['net']} {c.get('net_model', 'loopback')}"
+
+
+def headline(raw: dict[str, Any]) -> str:
+    """One line saying what was measured."""
+    c = raw["config"]
+    return (f"{c['model']}{' (tiny)' if c.get('tiny') else ''}: {raw['params'] / 1e6:.2f} M "
+            f"params, {raw['grad_bytes'] / 2**20:.1f} MiB of gradients; {raw['ranks']} ranks x "
+            f"{c['batch_size']}/rank, net {net_label(c)}, "
+            f"{'pinned' if raw['pinned'] else 'unpinned'};"
+            f" {c['rounds']} interleaved rounds x {c['steps']} timed steps "
+            f"({c['warmup']} warm-up excluded); median over rounds"
+            + (f"; host load {raw['load_avg_1min']:.1f} at the end" if "load_avg_1min" in raw
+               else "")
+            + ("" if raw.get("clean_baseline", True) else
+               "; WARNING: stock ran in the plugin's process (not a clean baseline)"))
+
+
+def format_table(summary: Summary) -> str:
+    """Fixed-width table, one row per strategy."""
+    lines = [f"{'strategy':<10} {'samples/s':>10} {'step ms':>9} {'vs stock':>10} "
+             f"{'efficiency':>10} {'MiB/step':>9} {'wire ms':>8} {'hidden':>7} {'slots MiB':>9}"]
+    for s, m in summary.items():
+        wire = m.get("wire_s")
+        lines.append(f"{s:<10} {m['samples_per_sec']:>10.1f} {m['step_time_s'] * 1e3:>9.1f} "
+                     f"{_num(m['ratio_to_stock'], '.3f'):>9}x "
+                     f"{_num(m['efficiency'], '.2f'):>10} {m['bytes_per_step'] / 2**20:>9.1f} "
+                     f"{_num(wire * 1e3 if wire else None, '.1f'):>8} "
+                     f"{_num(m.get('hidden'), '.0%'):>7} "
+                     f"{_num(m.get('slot_mib'), '.1f'):>9}")
+    lines.append("vs stock: real stock Horovod's step time (hvd.DistributedOptimizer in a process "
+                 "that never imported the plugin) / this; efficiency: local (no communication) "
+                 "step time / this; MiB/step: gradient bytes reduced per step; wire ms: time the "
+                 "collectives spent on the wire per step (Horovod timeline); hidden: 1 - (step - "
+                 "local step) / wire; slots MiB: optimizer slots per rank (sharded: for its slices "
+                 "only; it also keeps the parameter slices it updates, slice_mib in the JSON)")
+    for s, m in summary.items():
+        if m.get("reduce_scatter_hidden") is not None:
+            lines.append(
+                f"{s}: reduce-scatters {m['reduce_scatter_s'] * 1e3:.1f} ms/step on the wire, "
+                f"{m['reduce_scatter_hidden']:.0%} hidden under backprop; all-gathers "
+                f"{m['all_gather_s'] * 1e3:.1f} ms/step, "
+                f"{_num(m['all_gather_hidden'], '.0%')} hidden under the next forward")
+    return "\n".join(lines)
+
+
+def write_json(path: str | Path, raw: dict[str, Any], summary: Summary) -> None:
+    """``{"strategies": {name: numbers}, "raw": ...}``."""
+    Path(path).write_text(json.dumps({"strategies": summary, "raw": raw}, indent=2))
+
+
+def plot(path: str | Path, panels: dict[str, Summary]) -> None:
+    """One bar panel per setting: samples/s per strategy, labelled with the ratio to stock."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.6), squeeze=False)
+    for ax, (title, summary) in zip(axes[0], panels.items(), strict=True):
+        names = list(summary)
+        values = [summary[s]["samples_per_sec"] for s in names]
+        colors = ["0.6" if s == LOCAL else f"C{i}" for i, s in enumerate(names)]
+        bars = ax.bar(names, values, color=colors)
+        for bar, s in zip(bars, names, strict=True):
+            ratio = summary[s]["ratio_to_stock"]
+            if ratio is not None:
+                ax.annotate(f"{ratio:.2f}x", (bar.get_x() + bar.get_width() / 2,
+                                               bar.get_height()), ha="center", va="bottom")
+        ax.set_title(title, fontsize=10)
+        ax.set_ylabel("samples/s")
+        ax.tick_params(axis="x", rotation=30)
+        ax.margins(y=0.15)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,121 @@
+"""The docs table over several bench runs (``scripts/bench-results``):
+
+    python -m hvd_overlap.tools.bench.results OUT.md OUT.png RUN.json [RUN.json ...]
+
+Each RUN.json is a ``hvd-overlap bench --json`` file; its ``command`` key (added by the script)
+is quoted in OUT.md so every number can be regenerated.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from hvd_overlap.tools.bench import report
+from hvd_overlap.tools.bench.config import LOCAL, STOCK
+
+
+def _num(x: float | None, fmt: str) -> str:
+    return "-" if x is None else format(x, fmt)
+
+
+def _label(raw: dict[str, Any]) -> str:
+    c = raw["config"]
+    return f"{c['model']}, {report.net_label(c)}, {c['batch_size']}/rank"
+
+
+
+
+
+def ratio_table(runs: list[dict[str, Any]]) -> str:
+    """One row per run: its compute-only and stock step times, stock's wire time, and every
+    strategy's ratio to stock (> 1 is faster), best in bold."""
+    names = list(dict.fromkeys(s for run in runs for s in run["strategies"]
+                               if s not in (STOCK, LOCAL)))
+    lines = ["| model | network | batch/rank | local ms | stock ms | stock wire ms | "
+             + " | ".join(names) + " |", "|---|---|---|---|---|---|" + "---|" * len(names)]
+    for run in runs:
+        c, s = run["raw"]["config"], run["strategies"]
+        ratios = {n: s[n]["ratio_to_stock"] for n in names if n in s}
+        best = max(ratios.values(), default=None)
+        cells = [("-" if n not in ratios else f"**{ratios[n]:.2f}x**" if ratios[n] == best
+                  and best > 1 else f"{ratios[n]:.2f}x") for n in names]
+        stock = s.get(STOCK, {})
+        lines.append(
+            f"| {c['model']} | {report.net_label(c)} | {c['batch_size']} | "
+            f"{_num(s.get(LOCAL, {}).get('step_time_s', 0) * 1e3 or None, '.0f')} | "
+            f"{_num(stock.get('step_time_s', 0) * 1e3 or None, '.0f')} | "
+            f"{_num((stock.get('wire_s') or 0) * 1e3 or None, '.0f')} | "
+            + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def markdown(runs: list[dict[str, Any]]) -> str:
+    """A model x network x strategy table, then how each run was made."""
+    lines = ["# Benchmark: every strategy on the same model, data and network", "",
+             "Regenerate with `scripts/bench-results` (2 ranks, each pinned to its own core). "
+             "`stock` is real `hvd.DistributedOptimizer` in processes that never imported the "
+             "plugin (launched like the others, each round; the plugin's strategies run in "
+             "processes of their own); `local` is the same training without communication, "
+             "the compute-only bound. Network `RATE hosts`: each rank in its own network "
+             "namespace on a switch, each link shaped to RATE in both directions (`tbf`), like "
+             "hosts on a switch with RATE ports; `RATE loopback`: both ranks on one loopback "
+             "shaped to RATE (a shared half-duplex bus); `plain`: this machine's loopback.", "",
+             "| model | network | batch/rank | strategy | samples/s | step ms | vs stock | "
+             "efficiency "
+             "| wire ms | hidden | slots MiB/rank |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    body_at = len(lines)
+    for run in runs:
+        c = run["raw"]["config"]
+        for s, m in run["strategies"].items():
+            ratio, eff = m["ratio_to_stock"], m["efficiency"]
+            wire, hidden = m.get("wire_s"), m.get("hidden")
+            lines.append(
+                f"| {c['model']} | {report.net_label(c)} | {c['batch_size']} | {s} | "
+                f"{m['samples_per_sec']:.1f} | "
+                f"{m['step_time_s'] * 1e3:.0f} | {'-' if ratio is None else f'{ratio:.2f}x'} | "
+                f"{'-' if eff is None else f'{eff:.2f}'} | "
+                f"{'-' if not wire else f'{wire * 1e3:.0f}'} | "
+                f"{'-' if hidden is None else f'{hidden:.0%}'} | "
+                f"{_num(m.get('slot_mib'), '.1f')} |")
+    lines += ["", "vs stock: real stock Horovod's step time / this one (> 1 is faster); "
+              "efficiency: "
+              "compute-only (`local`, no communication) step time / this one; wire ms: time the "
+              "gradient collectives spent on the wire per step (Horovod timeline, one extra run "
+              "per strategy); hidden: 1 - (step - local step) / wire, the share of that time "
+              "hidden behind compute; slots MiB/rank: the optimizer slots one rank keeps (SGD "
+              "momentum; sharded: for its 1/P slices only, plus as much again for the parameter "
+              "slices it updates).", ""]
+    phases = [f"- {c['model']}, {report.net_label(c)}, {c['batch_size']}/rank: reduce-scatters "
+              f"{m['reduce_scatter_s'] * 1e3:.0f} ms/step on the wire, "
+              f"{m['reduce_scatter_hidden']:.0%} hidden under backprop; "
+              f"all-gathers {m['all_gather_s'] * 1e3:.0f} ms/step, "
+              f"{_num(m['all_gather_hidden'], '.0%')} hidden under the next forward"
+              for run in runs for c in [run["raw"]["config"]]
+              for m in [run["strategies"].get("sharded", {})]
+              if m.get("reduce_scatter_hidden") is not None]
+    if phases:
+        lines += ["`sharded`, phase by phase (reduce-scatter hidden: 1 - its wire time after the "
+                  "step's last reduce-scatter was enqueued / its wire time; all-gather hidden: "
+                  "1 - the rest of the exposed time / its wire time):", "", *phases, ""]
+    lines[body_at - 2:body_at - 2] = [
+        "Ratios to stock Horovod (its step time / the strategy's; > 1 is faster):", "",
+        ratio_table(runs), "All figures:", ""]
+    lines += ["Runs:", ""]
+    for run in runs:
+        lines += [f"- {report.headline(run['raw'])}", f"  `{run.get('command', '?')}`"]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str]) -> None:
+    md_path, png_path, *paths = argv
+    runs = [json.loads(Path(p).read_text()) for p in paths]
+    Path(md_path).write_text(markdown(runs))
+    report.plot(png_path, {_label(r["raw"]): r["strategies"] for r in runs})
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,227 @@
+"""One rank of one benchmark launch: ``python -m hvd_overlap.tools.bench.worker JOB.json OUT.json``.
+
+A launch measures a group of strategies: either ``stock`` and ``local`` -- real
+``horovod.tensorflow.keras.DistributedOptimizer`` and the plain optimizer, in a process that never
+imports the plugin's runtime (checked at the end: ``clean``) -- or the plugin's strategies. Each
+strategy gets its own model (same seed, same synthetic batch on a rank) and SGD optimizer. The
+order of the strategies rotates with the round (ABC, BCA, CAB), as the launcher rotates the
+groups, so machine noise hits all alike. Each run is one ``model.fit`` of ``warmup + steps``
+steps; the timing callback takes the end of the last warm-up step to the end of the last step
+(Keras converts the logs of a callback that does not take tensors, so each step end is a sync
+point). A run's step time is the slowest rank's. With ``timeline_dir`` (the last round), each
+strategy then runs ``1 + steps`` more steps under a Horovod timeline written there (the launcher
+reads it). Rank 0 writes the results to OUT.json.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from hvd_overlap.tools.bench.config import LOCAL, STOCK, BenchConfig, is_clean_group
+
+PROGRESS = "hvdo: "  # prefix of progress lines (the launcher forwards them)
+#: The plugin's runtime: a clean (baseline) process loads none of it (the pure ``core`` and the
+#: benchmark's own ``tools`` carry no TensorFlow or Horovod code that could touch stock's path).
+RUNTIME = ("hvd_overlap.comm", "hvd_overlap.keras", "hvd_overlap.growth")
+
+
+@dataclass(frozen=True)
+class Job:
+    """One launch: which strategies, which round (for the rotation), where timelines go."""
+
+    config: BenchConfig
+    strategies: tuple[str, ...]
+    round: int = 0
+    timeline_dir: str = ""
+
+    def to_json(self) -> str:
+        return json.dumps({**asdict(self), "config": json.loads(self.config.to_json())})
+
+    @classmethod
+    def from_json(cls, text: str) -> Job:
+        d = json.loads(text)
+        return cls(config=BenchConfig.from_json(json.dumps(d["config"])),
+                   strategies=tuple(d["strategies"]), round=d["round"],
+                   timeline_dir=d["timeline_dir"])
+
+
+def plugin_modules() -> list[str]:
+    """The plugin's runtime modules loaded in this process."""
+    return sorted(m for m in sys.modules
+                  if any(m == p or m.startswith(p + ".") for p in RUNTIME))
+
+
+def pin_rank() -> list[int] | None:
+    """Pin every thread of this process to this rank's share of the cores (as ``scripts/pin-rank``:
+    ``cores / local_size`` cores each, by ``HOROVOD_LOCAL_RANK``). None if there are too few."""
+    cores = sorted(os.sched_getaffinity(0))
+    rank = int(os.environ.get("HOROVOD_LOCAL_RANK", "0"))
+    size = int(os.environ.get("HOROVOD_LOCAL_SIZE", "1"))
+    if size > len(cores):
+        return None
+    per = len(cores) // size
+    mine = cores[rank * per:(rank + 1) * per]
+    for tid in os.listdir("/proc/self/task"):  # threads started before (TF's import) as well
+        try:
+            os.sched_setaffinity(int(tid), mine)
+        except OSError:
+            pass  # a thread that has just exited
+    return mine
+
+
+class StepTimer(tf.keras.callbacks.Callback):
+    """Mean seconds per step after the first ``warmup`` steps of a ``fit``."""
+
+    def __init__(self, warmup: int):
+        super().__init__()
+        self.warmup = warmup
+        self.ends: list[float] = []
+
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        self.ends.append(time.perf_counter())
+
+    @property
+    def step_time(self) -> float:
+        timed = self.ends[self.warmup - 1:]
+        return (timed[-1] - timed[0]) / (len(timed) - 1)
+
+
+class Trainee:
+    """A model compiled with one strategy's optimizer: ``stock`` is Horovod's own
+    ``DistributedOptimizer``, ``local`` the plain optimizer, the others the plugin's."""
+
+    def __init__(self, strategy: str, cfg: BenchConfig):
+        from hvd_overlap.tools.models import build_model
+
+        tf.keras.utils.set_random_seed(cfg.seed)
+        self.model = build_model(cfg.model, cfg.tiny)
+        opt = tf.keras.optimizers.SGD(0.01, momentum=0.9)
+        self.callbacks: list[tf.keras.callbacks.Callback] = []
+        if strategy == STOCK:
+            import horovod.tensorflow.keras as hvd_keras
+
+            opt = hvd_keras.DistributedOptimizer(opt)
+        elif strategy != LOCAL:
+            import hvd_overlap.keras as hk
+            from hvd_overlap import STRATEGIES
+
+            opt = hk.DistributedOptimizer(opt, strategy=strategy)
+            if STRATEGIES[strategy].defers:
+                self.callbacks.append(hk.OverlapCallback())
+        self.model.compile(opt, tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+
+    def run(self, data: tf.data.Dataset, warmup: int, steps: int) -> float:
+        """Train ``warmup + steps`` steps; the mean step time of the timed ones, in seconds."""
+        timer = StepTimer(warmup)
+        # the timer goes first: a deferring strategy's end-of-epoch flush (once per epoch,
+        # amortised over real epochs) stays out of the steady-state step time
+        self.model.fit(data, epochs=1, steps_per_epoch=warmup + steps, verbose=0,
+                       callbacks=[timer, *self.callbacks])
+        return timer.step_time
+
+
+def record_timeline(trainee: Trainee, data: tf.data.Dataset, steps: int, path: str) -> bool:
+    """One more run of ``1 + steps`` steps under a Horovod timeline written to ``path`` (by
+    rank 0); the launcher reads the collectives' wire time from it. False if Horovod was started
+    without ``HOROVOD_TIMELINE=DYNAMIC``."""
+    import horovod.tensorflow as hvd
+
+    try:
+        hvd.start_timeline(path)
+    except ValueError:
+        return False
+    trainee.run(data, 1, steps)
+    hvd.stop_timeline()
+    return True
+
+
+def optimizer_state_bytes(opt: Any) -> dict[str, int]:
+    """Bytes this rank's optimizer keeps besides the model: its slots (momentum, moments...)
+    and, for ``sharded``, its parameter slices (the update targets)."""
+    def nbytes(vs: Any) -> int:
+        return sum(int(np.prod(v.shape)) * v.dtype.size for v in vs)
+
+    slots = [v for v in opt.variables() if v is not opt.iterations and v.shape.rank]
+    slices: list = []
+    if hasattr(opt, "slice_variables"):  # the plugin's (non-empty for sharded)
+        slices, slice_slots = opt.slice_variables()
+        slots += slice_slots
+    return {"slots": nbytes(slots), "slices": nbytes(slices)}
+
+
+def progress(message: str) -> None:
+    print(PROGRESS + message, file=sys.stderr, flush=True)
+
+
+def run(job: Job) -> dict[str, Any] | None:
+    """Measure the job's strategies; the raw results on rank 0, None on the other ranks."""
+    cfg = job.config
+    pinned = pin_rank() if cfg.pin else None
+    import horovod
+    import horovod.tensorflow as hvd
+
+    from hvd_overlap.tools.models import gradient_bytes, synthetic_batch
+
+    hvd.init()
+    rank, size = hvd.rank(), hvd.size()
+    data = tf.data.Dataset.from_tensors(synthetic_batch(cfg.batch_size, seed=rank)).repeat()
+    names = list(job.strategies)
+    r = job.round % len(names)
+    times: dict[str, float] = {}
+    timelines: dict[str, str] = {}
+    trainees = {s: Trainee(s, cfg) for s in names}
+    for s in names[r:] + names[:r]:
+        mine = trainees[s].run(data, cfg.warmup, cfg.steps)
+        times[s] = max(hvd.allgather_object(mine, name=f"hvdo.bench.{job.round}.{s}"))
+        if rank == 0:
+            progress(f"round {job.round + 1}/{cfg.rounds} {s:<14} {times[s] * 1e3:8.1f} ms/step")
+    if job.timeline_dir:
+        for s in names:
+            if s != LOCAL:
+                path = str(Path(job.timeline_dir) / f"{s}.json")
+                if record_timeline(trainees[s], data, cfg.steps, path):
+                    timelines[s] = path
+    memory = {s: optimizer_state_bytes(t.model.optimizer) for s, t in trainees.items()}
+    loaded = plugin_modules()
+    baseline = is_clean_group(names)
+    clean = baseline and not loaded
+    if baseline and loaded:
+        raise RuntimeError(f"the baseline process loaded the plugin's modules {loaded}: the "
+                           "stock baseline would not be clean")
+    if rank != 0:
+        return None
+    model = next(iter(trainees.values())).model
+    return {"strategies": names, "round": job.round, "ranks": size,
+            "global_batch": cfg.batch_size * size, "params": model.count_params(),
+            "grad_bytes": gradient_bytes(model), "step_times": times, "timelines": timelines,
+            "optimizer_state_bytes": memory, "clean_process": clean, "plugin_modules": loaded,
+            "pinned": pinned is not None, "load_avg_1min": os.getloadavg()[0],
+            "horovod_env": {k: v for k, v in sorted(os.environ.items())
+                            if k.startswith("HOROVOD_") and "RENDEZVOUS" not in k
+                            and k not in ("HOROVOD_RANK", "HOROVOD_LOCAL_RANK",
+                                          "HOROVOD_CROSS_RANK", "HOROVOD_HOSTNAME")},
+            "versions": {"tensorflow": tf.__version__, "horovod": horovod.__version__,
+                         "python": platform.python_version()},
+            "threads": {k: os.environ.get(k) for k in
+                        ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS")}}
+
+
+def main(argv: list[str]) -> None:
+    job_path, out_path = argv
+    raw = run(Job.from_json(Path(job_path).read_text()))
+    if raw is not None:
+        Path(out_path).write_text(json.dumps(raw, indent=2))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,220 @@
+"""Measured per-layer compute, and the hybrid split chosen from it.
+
+``profile_layers`` times each layer's forward and backward on a sample batch (a model whose
+layers run one after another, like ``tf.keras.Sequential``). ``choose_defer`` then simulates one
+step for every possible split of the plan -- output-side buckets reduced during backprop,
+``k`` input-side buckets deferred into the next forward -- on a link of the given bandwidth,
+and returns the ``k`` with the shortest step. Pass it as ``DistributedOptimizer(...,
+strategy="hybrid", defer=k)``.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+
+from hvd_overlap.core.plan import Plan
+
+_RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmg]?)(bit|bps)?\s*$", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class LayerTime:
+    """Seconds one layer takes forward and backward on the profiled batch."""
+
+    layer: str
+    forward: float
+    backward: float
+
+
+def parse_bandwidth(rate: str | float) -> float:
+    """``"1gbit"``, ``"500mbit"`` or bytes/s as a number -> bytes per second."""
+    if isinstance(rate, int | float):
+        return float(rate)
+    m = _RATE.match(rate)
+    if not m:
+        raise ValueError(f"bandwidth {rate!r}: write it like '1gbit', '500mbit' or bytes/s")
+    scale = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[m.group(2).lower()]
+    return float(m.group(1)) * scale / 8
+
+
+def simulate_step(plan_bytes: list[int], bucket_layers: list[list[str]],
+                  times: dict[str, LayerTime], forward_order: list[str], defer: int,
+                  bandwidth: float) -> float:
+    """Seconds of one steady-state step when the last ``defer`` buckets (backward order) are
+    deferred. Buckets travel one at a time; a deferred bucket must arrive before its layers'
+    forward; the other buckets must arrive before the step ends."""
+    n = len(plan_bytes)
+    comm = [b / bandwidth for b in plan_bytes]
+    deferred = set(range(n - defer, n))
+    bucket_of = {layer: i for i, layers in enumerate(bucket_layers) for layer in layers}
+    # next step's forward: deferred buckets travel in forward order from the step's start
+    link, arrive = 0.0, {}
+    for i in sorted(deferred, reverse=True):
+        link += comm[i]
+        arrive[i] = link
+    t = 0.0
+    for layer in forward_order:
+        i = bucket_of.get(layer)
+        if i in deferred:
+            t = max(t, arrive[i])
+        t += times[layer].forward if layer in times else 0.0
+    # backward, output layer first: a bucket is ready once its most input-side layer is done;
+    # buckets travel one at a time, after the deferred ones of this step's start
+    link = max(link, t)
+    ready: dict[int, float] = {}
+    for layer in reversed(forward_order):
+        t += times[layer].backward if layer in times else 0.0
+        if layer in bucket_of:
+            ready[bucket_of[layer]] = t
+    for i in range(n):
+        if i not in deferred:
+            link = max(link, ready.get(i, t)) + comm[i]
+    return max(t, link)
+
+
+def choose_defer(plan: Plan, times: list[LayerTime], bandwidth: str | float) -> int:
+    """The number of input-side buckets to defer that gives the shortest simulated step."""
+    bw = parse_bandwidth(bandwidth)
+    by_layer = {t.layer: t for t in times}
+    forward_order = [t.layer for t in times]
+    buckets = sorted(plan.buckets, key=lambda b: b.index)  # backward order
+    sizes = [b.nbytes for b in buckets]
+    layers = [list(b.layers) for b in buckets]
+    for b in buckets:
+        for lay in b.layers:
+            if lay not in by_layer:
+                raise ValueError(f"layer {lay!r} of the plan is not in the profile")
+    costs = [simulate_step(sizes, layers, by_layer, forward_order, k, bw)
+             for k in range(len(buckets) + 1)]
+    return min(range(len(costs)), key=lambda k: (costs[k], k))
+
+
+def _profiled_layers(model) -> list:
+    """The layers ``profile_layers`` times, in forward order (no ``InputLayer``)."""
+    import tensorflow as tf
+
+    return [la for la in model.layers if not isinstance(la, tf.keras.layers.InputLayer)]
+
+
+def profile_layers(model, sample_x, repeats: int = 5) -> list[LayerTime]:
+    """Median forward and backward seconds of each layer of ``model`` on ``sample_x``.
+
+    A ``Sequential`` model feeds each layer the previous one's output; any other Keras model
+    (ResNet-style branches) is run once to read every layer's real input. Variables are named
+    after their layer's name scope, which is what the plan groups by.
+    """
+    import tensorflow as tf
+
+    out: list[LayerTime] = []
+    x = tf.convert_to_tensor(sample_x)
+    kept = [v.numpy() for v in model.non_trainable_variables]  # BN statistics move in training
+    layers = _profiled_layers(model)
+    feed = None
+    if not isinstance(model, tf.keras.Sequential):
+        feed = tf.keras.Model(model.inputs, [la.input for la in layers])(x, training=False)
+    for j, layer in enumerate(layers):
+        if feed is not None:
+            x = feed[j]
+        fwd = tf.function(lambda inp, layer=layer: layer(inp, training=True))
+
+        def bwd(inp, layer=layer):
+            with tf.GradientTape() as tape:
+                tape.watch(inp)
+                y = layer(inp, training=True)
+            return tape.gradient(y, tf.nest.flatten(inp) + layer.trainable_variables)
+
+        bwd = tf.function(bwd)
+        y = fwd(x)
+        bwd(x)  # trace
+        f, b = [], []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            fwd(x).numpy()
+            t1 = time.perf_counter()
+            [g.numpy() for g in bwd(x) if g is not None]
+            t2 = time.perf_counter()
+            f.append(t1 - t0)
+            b.append(max(t2 - t1 - (t1 - t0), 0.0))  # the tape replays the forward
+        name = layer.trainable_variables[0].name.rsplit("/", 1)[0] if layer.trainable_variables \
+            else layer.name
+        out.append(LayerTime(name, sorted(f)[repeats // 2], sorted(b)[repeats // 2]))
+        x = y
+    for v, value in zip(model.non_trainable_variables, kept, strict=True):
+        v.assign(value)
+    return out
+
+
+def measure_step(model, sample_x, repeats: int = 5) -> tuple[float, float]:
+    """Median seconds of a whole local training step (forward, backward, SGD-momentum update)
+    and of the update alone. The model's weights change."""
+    import tensorflow as tf
+
+    x = tf.convert_to_tensor(sample_x)
+    variables = model.trainable_variables
+    opt = tf.keras.optimizers.SGD(0.01, momentum=0.9)
+
+    @tf.function
+    def grads():
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(model(x, training=True)))
+        return tape.gradient(loss, variables)
+
+    @tf.function
+    def update(gs):
+        opt.apply_gradients(zip(gs, variables, strict=True))
+        return opt.iterations
+
+    @tf.function
+    def step():
+        return update(grads())
+
+    gs = grads()
+    timings: dict[str, list[float]] = {"step": [], "update": []}
+    for _ in range(repeats + 1):
+        for key, fn in (("step", step), ("update", lambda: update(gs))):
+            t0 = time.perf_counter()
+            fn().numpy()
+            timings[key].append(time.perf_counter() - t0)
+    med = {k: sorted(v[1:])[repeats // 2] for k, v in timings.items()}  # first: tracing
+    return med["step"], med["update"]
+
+
+def measured_profile(model, sample_x, repeats: int = 5, name: str | None = None):
+    """A ``hvd_overlap.tools.simulate.Profile`` of ``model`` measured here on ``sample_x``:
+    per-layer forward/backward medians, exact gradient bytes, the update time, the whole step's
+    time."""
+    import numpy as np
+
+    from hvd_overlap.tools.simulate import Layer, Profile
+
+    times = profile_layers(model, sample_x, repeats)
+    step_s, update_s = measure_step(model, sample_x, repeats)
+    layers = []
+    for t, layer in zip(times, _profiled_layers(model), strict=True):
+        ws = layer.trainable_weights
+        layers.append(Layer(t.layer, t.forward, t.backward,
+                            sum(int(np.prod(v.shape)) * v.dtype.size for v in ws),
+                            ws[0].dtype.name if ws else "float32", len(ws)))
+    profile = Profile(model=name or model.name, batch_size=int(np.shape(sample_x)[0]),
+                      layers=tuple(layers), update_s=update_s)
+    profile.meta.update({"source": "measured", "step_s": step_s,
+                         "layer_sum_s": profile.compute_s, "repeats": repeats})
+    return profile
+
+
+def hybrid_defer(model, sample_x, bandwidth: str | float,
+                 bucket_bytes: int | None = None, repeats: int = 5) -> int:
+    """Profile ``model`` on ``sample_x`` and return the ``defer`` for ``strategy="hybrid"``:
+    ``DistributedOptimizer(opt, strategy="hybrid", defer=hybrid_defer(model, x, "1gbit"))``.
+
+    Run it on every rank with the same arguments only if the result cannot differ, or run it
+    on rank 0 and broadcast the number: every rank must use the same plan.
+    """
+    from hvd_overlap.comm.planner import var_specs
+    from hvd_overlap.core.plan import DEFAULT_BUCKET_BYTES, build_layerwise_plan
+
+    plan = build_layerwise_plan(var_specs(model.trainable_variables),
+                                bucket_bytes or DEFAULT_BUCKET_BYTES)
+    return choose_defer(plan, profile_layers(model, sample_x, repeats), bandwidth)

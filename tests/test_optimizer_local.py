@@ -346,3 +346,66 @@ def test_register_bucket_method_checks_the_kind():
     opt = hvdo.DistributedOptimizer(tf.keras.optimizers.SGD(0.1), strategy="layerwise")
     with pytest.raises(TypeError, match="GradientMethod"):
         opt.register_bucket_method(ReduceScatterGather(_settings("y")))
+
+
+# -- issue 13: what Keras and Horovod users combine -----------------------------------------
+
+def test_from_config_rebuilds_a_distributed_optimizer_with_the_same_options():
+    """Keras's cloning (``clone_and_build_model(compile_clone=True)``) calls the class's
+    ``from_config``: it gives a working distributed optimizer, as Horovod's does."""
+    opt = hvdo.DistributedOptimizer(tf.keras.optimizers.SGD(0.1, momentum=0.9),
+                                    strategy="hybrid", bucket_bytes=64, defer=1)
+    clone = type(opt).from_config(opt.get_config())
+    assert type(clone).__name__ == "SGD" and clone.strategy == "hybrid" and clone.defers
+    assert clone.get_config() == opt.get_config()
+    plain = fit(small_model(), tf.keras.optimizers.SGD(0.1, momentum=0.9))
+    for a, b in zip(plain, fit(small_model(), clone), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+
+
+def test_elastic_refuses_strategies_with_state_outside_the_optimizer(monkeypatch):
+    monkeypatch.setenv("HOROVOD_ELASTIC", "1")
+    for strategy in ("deferred", "hybrid", "sharded"):
+        with pytest.raises(ValueError, match="elastic"):
+            hvdo.DistributedOptimizer(tf.keras.optimizers.SGD(0.1), strategy=strategy)
+    hvdo.DistributedOptimizer(tf.keras.optimizers.SGD(0.1), strategy="layerwise")
+
+
+def test_overlap_callback_gives_back_a_train_step_set_on_the_model():
+    from hvd_overlap.growth.data import enable_gradient_accumulation
+
+    model = small_model()
+    model.compile(hvdo.DistributedOptimizer(tf.keras.optimizers.SGD(0.1), strategy="deferred"),
+                  tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    enable_gradient_accumulation(model)
+    installed = vars(model)["train_step"]
+    x, y = data()
+    model.fit(x, y, batch_size=16, epochs=1, verbose=0, callbacks=[hvdo.OverlapCallback()])
+    assert vars(model).get("train_step") is installed
+
+
+class _NoGradInput(tf.keras.Model):
+    """The input-side layer is built but off the loss path: its bucket has no gradient."""
+
+    def __init__(self):
+        super().__init__()
+        self.unused = tf.keras.layers.Dense(3)
+        self.out = tf.keras.layers.Dense(10)
+
+    def call(self, x):
+        _ = self.unused(x)
+        return self.out(x)
+
+
+def test_hybrid_with_no_gradient_in_the_deferred_bucket_counts_each_step_once():
+    model = _NoGradInput()
+    model(tf.zeros((1, 8)))
+    opt = hvdo.DistributedOptimizer(tf.keras.optimizers.SGD(0.1), strategy="hybrid",
+                                    bucket_bytes=64, defer=1)
+    model.compile(opt, tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(64, 8)).astype("float32"), rng.integers(0, 10, 64)
+    model.fit(x, y, batch_size=16, epochs=2, verbose=0, callbacks=[hvdo.OverlapCallback()])
+    assert [b.phase for b in opt.plan.buckets][-1] == "forward"
+    assert not any(v.has_grad for v in opt.plan.phase_buckets("forward")[0].variables)
+    assert int(opt.iterations.numpy()) == 8

@@ -50,6 +50,7 @@ class CommSettings:
     ordered: bool = False
     groups: Any = None
     gather_with: str = "allgather"  # sharded: "allgather" or "alltoall" (see collectives)
+    scale_local_gradients: bool = True  # register_local_var: local gradients / size
 
 
 class GradientMethod(ABC):

@@ -42,9 +42,9 @@ def issue_backward(plan: Plan, method: GradientMethod, grads: Sequence[Grad],
     return out
 
 
-def issue_forward(runs: Sequence[Callable[[], object]], pending: tf.Variable) -> None:
+def issue_forward(runs: Sequence[Callable[[], object]], pending: tf.Variable) -> tf.Tensor:
     """Run each function (one deferred bucket, forward order) after the previous one, only if
-    ``pending``; then clear ``pending``."""
+    ``pending``; then clear ``pending`` (the returned op)."""
     previous: list = []
     for run in runs:
         def guarded(run=run):
@@ -53,7 +53,7 @@ def issue_forward(runs: Sequence[Callable[[], object]], pending: tf.Variable) ->
         with tf.control_dependencies(previous):
             previous = [tf.cond(pending, guarded, lambda: tf.constant(False))]
     with tf.control_dependencies(previous):
-        pending.assign(False)
+        return pending.assign(False)
 
 
 def chain(runs: Sequence[Callable[[], object]]) -> None:

@@ -2,6 +2,6 @@
 
 from hvd_overlap.growth.callback import BatchSizeScheduler
 from hvd_overlap.keras.callbacks import OverlapCallback
-from hvd_overlap.keras.optimizer import DistributedOptimizer
+from hvd_overlap.keras.optimizer import DistributedOptimizer, load_model
 
-__all__ = ["BatchSizeScheduler", "DistributedOptimizer", "OverlapCallback"]
+__all__ = ["BatchSizeScheduler", "DistributedOptimizer", "OverlapCallback", "load_model"]

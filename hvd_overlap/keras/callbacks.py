@@ -34,6 +34,9 @@ class OverlapCallback(tf.keras.callbacks.Callback):
         self.flush_every = flush_every
         self.gather_state = gather_state
         self._patched = False
+        self._replaced = None
+        self._landing = False
+        self._functions: dict = {}
 
     def _optimizer(self):
         opt = getattr(self.model, "optimizer", None)
@@ -46,26 +49,51 @@ class OverlapCallback(tf.keras.callbacks.Callback):
         if opt is None or self._patched:
             return
         original = self.model.train_step
+        # a train_step set on the model itself (enable_gradient_accumulation's) comes back after
+        self._replaced = vars(self.model).get("train_step")
 
         def train_step(data):
             opt.pre_forward()
-            return original(data)
+            out = original(data)
+            if self._landing:  # read when traced: this function lands its own update too
+                opt.pre_forward()
+            return out
 
         self.model.train_step = train_step
+        # weights loaded during fit (a callback's set_weights/load_weights) must not have a
+        # pending update land on top of them: flush first, on every rank
+        for method in ("set_weights", "load_weights"):
+            setattr(self.model, method, _flushing_first(opt, getattr(self.model, method)))
         self._patched = True
-        # fit made its train function before on_train_begin; it reads it again every step
-        self.model.train_function = self.model.make_train_function(force=True)
+        self._make_train_functions()
+
+    def _make_train_functions(self) -> None:
+        """Two train functions, each traced at its first call: one that defers (the usual
+        step) and one that also brings its own deferred part in at its end, for the steps
+        after which someone may read the weights (every ``flush_every``-th batch, the last of
+        an epoch), so that a checkpoint there is current whatever the callbacks' order. ``fit``
+        made its train function before ``on_train_begin`` and reads it again every step."""
+        self._functions = {land: self.model.make_train_function(force=True)
+                           for land in (False, True)}
+
+    def _checkpoint_due(self, batch: int) -> bool:
+        steps = self.params.get("steps") if self.params else None
+        return bool((self.flush_every and (batch + 1) % self.flush_every == 0)
+                    or (steps and batch + 1 == steps))
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if self._patched:
+            self._landing = self._checkpoint_due(batch)
+            self.model.train_function = self._functions[self._landing]
 
     def on_train_batch_end(self, batch, logs=None):
         opt = self._optimizer()
         if opt is None:
             return
         if opt.take_retrace():  # the first trace could not defer yet
-            self.model.train_function = self.model.make_train_function(force=True)
-        steps = self.params.get("steps") if self.params else None
-        if (self.flush_every and (batch + 1) % self.flush_every == 0) or \
-                (steps and batch + 1 == steps):
-            self._checkpoint_point()
+            self._make_train_functions()
+        if self._checkpoint_due(batch):
+            self._checkpoint_point()  # (sharded) gathers the optimizer state
 
     def _flush(self, *_args, **_kwargs):
         opt = self._optimizer()
@@ -86,6 +114,20 @@ class OverlapCallback(tf.keras.callbacks.Callback):
     def on_train_end(self, logs=None):
         self._checkpoint_point()
         if self._patched:
-            del self.model.train_step  # the instance attribute; the class's method is back
+            if self._replaced is not None:
+                self.model.train_step = self._replaced
+            else:
+                del self.model.train_step  # the instance attribute; the class's method is back
+            for method in ("set_weights", "load_weights"):
+                if method in vars(self.model):
+                    delattr(self.model, method)
             self.model.train_function = None
             self._patched = False
+
+
+def _flushing_first(opt, method):
+    """``method`` (a model's ``set_weights``/``load_weights``) after ``opt.flush()``."""
+    def call(*args, **kwargs):
+        opt.flush()
+        return method(*args, **kwargs)
+    return call

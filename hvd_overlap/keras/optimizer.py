@@ -21,10 +21,14 @@ from hvd_overlap.core.sharding import ShardLayout
 from hvd_overlap.core.strategies import PlanOptions, get_strategy
 from hvd_overlap.keras.executors import Executor, Plain, ShardedExecutor, make_executor
 from hvd_overlap.keras.train_step import OverlapTrainStep
-from hvd_overlap.keras.validation import validate, validate_deferring, validate_sharding
+from hvd_overlap.keras.validation import (
+    validate,
+    validate_deferring,
+    validate_elastic,
+    validate_sharding,
+)
 
 _counter = itertools.count()
-_classes: dict[type, type] = {}
 
 
 class _DistributedMixin:
@@ -60,6 +64,12 @@ class _DistributedMixin:
     def pending(self) -> bool:
         """True if the last step's update has not landed in the weights yet (``flush()``)."""
         return self._hvdo.pending
+
+    def register_local_var(self, var) -> None:
+        """As Horovod's: ``var`` is kept by each rank for itself (e.g. a per-rank embedding),
+        its gradient never sent; divided by the number of ranks if ``scale_local_gradients``.
+        Before the first step."""
+        self._hvdo.register_local_var(var)
 
     def register_bucket_method(self, method: GradientMethod | SliceMethod) -> None:
         """Send every bucket with ``method`` (``hvd_overlap.comm.methods``) instead of the
@@ -163,6 +173,13 @@ class _DistributedMixin:
     def load_own_variables(self, store):
         return self._hvdo.load_own_variables(store)
 
+    @classmethod
+    def from_config(cls, config, custom_objects=None):
+        """A new distributed optimizer with this one's options, around the plain optimizer
+        the config describes (fresh state, as Keras's ``from_config`` gives)."""
+        plain = cls.__mro__[2].from_config(config, custom_objects=custom_objects)
+        return DistributedOptimizer(plain, **cls._hvdo_options)
+
     def _trackable_children(self, save_type="checkpoint", **kwargs):
         children = super()._trackable_children(save_type, **kwargs)
         executor = getattr(self, "_hvdo", None)  # None while Keras builds the object
@@ -182,13 +199,13 @@ def _plain(opt) -> Plain:
                  cls=type(opt).__mro__[2])
 
 
-def _distributed_class(base: type) -> type:
-    cls = _classes.get(base)
-    if cls is None:
-        cls = type(base.__name__, (_DistributedMixin, base),
-                   {"__module__": base.__module__, "__doc__": base.__doc__})
-        _classes[base] = cls
-    return cls
+def _distributed_class(base: type, options: dict) -> type:
+    """The class of one wrapped optimizer: named like the user's (so saved configs restore the
+    plain class without the plugin, as with Horovod), remembering the wrapper's options so that
+    ``from_config`` (Keras's cloning) rebuilds a distributed optimizer like this one."""
+    return type(base.__name__, (_DistributedMixin, base),
+                {"__module__": base.__module__, "__doc__": base.__doc__,
+                 "_hvdo_options": options})
 
 
 def DistributedOptimizer(  # noqa: N802 -- same name as Horovod's factory
@@ -220,11 +237,12 @@ def DistributedOptimizer(  # noqa: N802 -- same name as Horovod's factory
     plan order; off by default: measured slower, see README)
     and ``defer`` (hybrid: how many input-side buckets to defer into the next forward).
     ``num_groups``/``groups`` apply to ``strategy="horovod"`` only (the plan replaces them);
-    ``process_set`` must be the global one; ``scale_local_gradients`` is accepted for
-    compatibility (the plugin has no ``register_local_var``). ``gather_with`` (sharded): how the
+    ``process_set`` must be the global one; ``scale_local_gradients`` as Horovod's (see
+    ``register_local_var``). ``gather_with`` (sharded): how the
     updated slices travel, ``"allgather"`` (default) or ``"alltoall"`` (the same result and
     bytes; measured no faster on Gloo here, see README "Sharded update").
     """
+    options = {k: v for k, v in locals().items() if k != "optimizer"}
     strat = get_strategy(strategy)
     validate(optimizer, strategy, bucket_bytes, op, gradient_predivide_factor,
              backward_passes_per_step, num_groups, groups, process_set, gather_with)
@@ -232,6 +250,7 @@ def DistributedOptimizer(  # noqa: N802 -- same name as Horovod's factory
         validate_sharding(optimizer)
     if strat.defers:
         validate_deferring(optimizer, strategy, backward_passes_per_step, defer)
+    validate_elastic(strategy, strat.defers)
     if strategy == "horovod":
         prefix = name or f"Distributed{type(optimizer).__name__}"
     else:
@@ -240,10 +259,12 @@ def DistributedOptimizer(  # noqa: N802 -- same name as Horovod's factory
         name=prefix, op=op, compression=compression, sparse_as_dense=sparse_as_dense,
         gradient_predivide_factor=gradient_predivide_factor, device_dense=device_dense,
         device_sparse=device_sparse, ordered=ordered, gather_with=gather_with,
+        scale_local_gradients=scale_local_gradients,
         groups=groups if groups is not None else (num_groups or None),
     )
     planner = Planner(strat, PlanOptions(bucket_bytes, defer, gather_with), sparse_as_dense)
-    wrapped = _distributed_class(type(optimizer)).from_config(optimizer.get_config())
+    cls = _distributed_class(type(optimizer), options)
+    wrapped = super(_DistributedMixin, cls).from_config(optimizer.get_config())
     wrapped._hvdo = make_executor(
         strat, wrapped, _plain(wrapped), planner,
         default_method(settings, fused_by_horovod=strategy == "horovod", shards=strat.shards),
@@ -252,3 +273,32 @@ def DistributedOptimizer(  # noqa: N802 -- same name as Horovod's factory
         # a checkpoint dependency of the optimizer: saved and restored with it
         wrapped._track_trackable(wrapped._hvdo.state.checkpoint, name="hvd_overlap_sharded_state")
     return wrapped
+
+
+def load_model(filepath, custom_optimizers=None, custom_objects=None, compile: bool = True,
+               legacy_opts: bool = False, **options):
+    """Load a saved model whose optimizer comes back wrapped, with its saved state, as
+    ``hvd.load_model`` does: ``DistributedOptimizer(<saved optimizer>, **options)``
+    (``strategy=`` and the other keywords of ``DistributedOptimizer``). A plain
+    ``tf.keras.models.load_model`` gives the plain optimizer, which no longer averages.
+    ``legacy_opts``: the file holds a ``tf.keras.optimizers.legacy`` optimizer."""
+    import tensorflow as tf
+
+    module = tf.keras.optimizers.legacy if legacy_opts else tf.keras.optimizers
+    classes = {name: c for name, c in vars(module).items()  # SGD, Adam, ... of that family
+               if isinstance(c, type) and issubclass(c, module.Optimizer)
+               and c is not module.Optimizer and "LossScale" not in name}
+    classes.update({c.__name__: c for c in custom_optimizers or ()})
+    objects = {name: _Wrapping(c, options) for name, c in classes.items()}
+    objects.update(custom_objects or {})
+    return tf.keras.models.load_model(filepath, custom_objects=objects, compile=compile)
+
+
+class _Wrapping:
+    """What ``load_model``'s custom objects resolve an optimizer's class name to."""
+
+    def __init__(self, cls: type, options: dict):
+        self.cls, self.options = cls, options
+
+    def from_config(self, config, custom_objects=None):
+        return DistributedOptimizer(self.cls.from_config(config), **self.options)

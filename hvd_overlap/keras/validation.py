@@ -3,6 +3,8 @@ bad argument fails everywhere alike, with the fix named."""
 
 from __future__ import annotations
 
+import os
+
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
@@ -80,3 +82,15 @@ def validate(optimizer, strategy, bucket_bytes, op, gradient_predivide_factor,
     if not hvd.is_initialized():
         raise RuntimeError("Horovod is not initialised: call hvd.init() "
                            "before creating the DistributedOptimizer")
+
+
+def validate_elastic(strategy: str, defers: bool) -> None:
+    """Horovod elastic (``horovodrun --min-np``, ``hvd.elastic.run``) restores
+    ``optimizer.variables()`` on membership changes; the deferral's buffers and the sharded
+    slices live outside them, and the slices are cut for the ranks of the first step."""
+    if defers and os.environ.get("HOROVOD_ELASTIC") == "1":
+        raise ValueError(
+            f"strategy {strategy!r} keeps state outside optimizer.variables() (deferred "
+            "gradients, or slices cut for the first step's number of ranks), which Horovod "
+            "elastic cannot restore when ranks join or leave; use strategy='layerwise' (or "
+            "'horovod') with elastic training")

@@ -125,6 +125,12 @@ OPTIMIZERS: dict[str, Callable[[], tf.keras.optimizers.Optimizer]] = {
     "legacy_sgd_nesterov": lambda: tf.keras.optimizers.legacy.SGD(0.05, momentum=0.9,
                                                                   nesterov=True),
     "legacy_adam": lambda: tf.keras.optimizers.legacy.Adam(0.003),
+    "nadam": lambda: tf.keras.optimizers.Nadam(0.003),
+    "legacy_nadam": lambda: tf.keras.optimizers.legacy.Nadam(0.003),
+    "adadelta": lambda: tf.keras.optimizers.Adadelta(1.0),
+    "adamax": lambda: tf.keras.optimizers.Adamax(0.003),
+    "ftrl": lambda: tf.keras.optimizers.Ftrl(0.05),
+    "lion": lambda: tf.keras.optimizers.Lion(0.001),
 }
 
 LOSS = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import horovod.tensorflow as hvd_tf
 import horovod.tensorflow.keras as hvd
 import numpy as np
@@ -10,7 +12,20 @@ import pytest
 import tensorflow as tf
 
 import hvd_overlap.keras as hvdo
-from tests.multirank.helpers import LOSS, ours, stock
+from tests.multirank.helpers import (
+    BATCH,
+    LOSS,
+    MODELS,
+    OPTIMIZERS,
+    STEPS_PER_EPOCH,
+    Result,
+    assert_weights_close,
+    ours,
+    rank_data,
+    stock,
+    stock_reference,
+    train_fit,
+)
 
 STEPS = 8
 
@@ -118,3 +133,185 @@ def test_clipping_local_gradients_would_differ():
     got, norms = _clipped_steps(lambda opt: opt)
     assert not np.allclose(norms, want_norms, rtol=1e-3)
     assert max(float(np.max(np.abs(a - b))) for a, b in zip(want, got, strict=True)) > 1e-3
+
+
+class PerBatchLR(tf.keras.callbacks.Callback):
+    """Sets the learning rate before every batch, as Horovod's warm-up callback does."""
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self.model.optimizer.learning_rate = 0.2 / (1.0 + batch)
+
+
+def _fit_per_batch_lr(wrap, opt_factory):
+    tf.keras.utils.set_random_seed(9)
+    model = tf.keras.Sequential([tf.keras.layers.Dense(16, activation="tanh", input_shape=(8,)),
+                                 tf.keras.layers.Dense(10)])
+    model.compile(wrap(opt_factory()), LOSS)
+    rng = np.random.default_rng(31 + hvd.rank())
+    x = rng.normal(size=(16 * STEPS, 8)).astype("float32")
+    y = rng.integers(0, 10, 16 * STEPS)
+    model.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0,
+              callbacks=[PerBatchLR(), hvdo.OverlapCallback(),
+                         hvd.callbacks.BroadcastGlobalVariablesCallback(0),
+                         hvd.callbacks.LearningRateWarmupCallback(
+                             0.1, warmup_epochs=1, steps_per_epoch=STEPS, verbose=0)])
+    return [w.copy() for w in model.get_weights()]
+
+
+@pytest.mark.parametrize("opt_name", ["sgd_momentum", "legacy_sgd_momentum"])
+@pytest.mark.parametrize("strategy", ["deferred", "hybrid"])
+def test_per_batch_learning_rate_callbacks_apply_to_their_own_step(strategy, opt_name):
+    """A deferred update of step t is applied at the start of step t+1, after the callbacks
+    set step t+1's rate: it must still use step t's rate (it used to take t+1's: 2e-2 off)."""
+    factory = {"sgd_momentum": lambda: tf.keras.optimizers.SGD(0.1, momentum=0.9),
+               "legacy_sgd_momentum": lambda: tf.keras.optimizers.legacy.SGD(0.1, momentum=0.9),
+               }[opt_name]
+    want = _fit_per_batch_lr(stock, factory)
+    got = _fit_per_batch_lr(ours(strategy, bucket_bytes=256), factory)
+    for a, b in zip(want, got, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def _fit_with_local_var(wrap):
+    """A model whose first layer each rank keeps for itself (``register_local_var``)."""
+    tf.keras.utils.set_random_seed(12)
+    model = tf.keras.Sequential([tf.keras.layers.Dense(16, activation="tanh", input_shape=(8,)),
+                                 tf.keras.layers.Dense(10)])
+    opt = wrap(tf.keras.optimizers.SGD(0.1, momentum=0.9))
+    for v in model.layers[0].trainable_variables:
+        opt.register_local_var(v)
+    model.compile(opt, LOSS)
+    rng = np.random.default_rng(41 + hvd.rank())
+    x = rng.normal(size=(16 * STEPS, 8)).astype("float32")
+    y = rng.integers(0, 10, 16 * STEPS)
+    model.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0,
+              callbacks=[hvdo.OverlapCallback()])
+    return [w.copy() for w in model.get_weights()]
+
+
+@pytest.mark.parametrize("strategy", ["horovod", "layerwise", "hybrid", "deferred"])
+def test_register_local_var_equals_stock(strategy):
+    """Local variables keep their own (scaled) gradients on each rank, the others are averaged:
+    each rank's weights equal stock Horovod's on that rank, and the local layer differs across
+    ranks (so the test would see a gradient that was averaged)."""
+    want = _fit_with_local_var(stock)
+    got = _fit_with_local_var(ours(strategy, bucket_bytes=256))
+    for a, b in zip(want, got, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    first = hvd_tf.allgather_object(got[0], name=f"local.{strategy}")
+    assert not np.allclose(first[0], first[1]), "the local layer must differ across ranks"
+    last = hvd_tf.allgather_object(got[-1], name=f"shared.{strategy}")
+    np.testing.assert_allclose(last[0], last[1], rtol=1e-6)
+
+
+def test_register_local_var_is_refused_by_sharded_with_the_fix():
+    opt = hvdo.DistributedOptimizer(tf.keras.optimizers.SGD(0.1), strategy="sharded")
+    with pytest.raises(ValueError, match="layerwise"):
+        opt.register_local_var(tf.Variable(tf.zeros(3)))
+
+
+@pytest.mark.parametrize("opt_name", ["nadam", "legacy_nadam", "adadelta", "adamax", "ftrl",
+                                      "lion"])
+@pytest.mark.parametrize("strategy", ["hybrid", "sharded"])
+def test_optimizers_claimed_exact_equal_stock_under_per_bucket_applies(strategy, opt_name):
+    """Optimizers with per-call state (Nadam's running product) and the rest of the
+    element-wise list, updated bucket by bucket (hybrid) or slice by slice (sharded)."""
+    want = stock_reference("odd_sizes", opt_name)
+    got = train_fit("odd_sizes", opt_name, ours(strategy, bucket_bytes=512))
+    assert_weights_close(got, want)
+
+
+@pytest.mark.parametrize("strategy", ["layerwise", "hybrid", "sharded"])
+def test_load_model_resumes_training_as_an_uninterrupted_stock_run(strategy, tmp_path_factory):
+    """``hvd_overlap.keras.load_model`` gives the saved optimizer back wrapped, with its state
+    (Adam's moments): 1 epoch, save, load, 1 more epoch equals 2 uninterrupted epochs of stock
+    Horovod. A plain ``tf.keras.models.load_model`` would give an optimizer that does not
+    average (checked: its class is the plain one)."""
+    want = stock_reference("odd_sizes", "adam")  # 2 epochs, seed 3
+    tf.keras.utils.set_random_seed(3)
+    model = MODELS["odd_sizes"]()
+    model.compile(ours(strategy, bucket_bytes=512)(OPTIMIZERS["adam"]()), LOSS)
+    x, y = rank_data("odd_sizes", BATCH * STEPS_PER_EPOCH)
+    model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0,
+              callbacks=[hvdo.OverlapCallback(), hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+    path = Path(hvd_tf.broadcast_object(str(tmp_path_factory.mktemp("load")), 0,
+                                        name=f"load_model_dir.{strategy}"))
+    saved = path / f"rank{hvd.rank()}.keras"
+    model.save(saved)
+    plain = tf.keras.models.load_model(saved)
+    assert not hasattr(plain.optimizer, "strategy")
+    loaded = hvdo.load_model(saved, strategy=strategy, bucket_bytes=512)
+    assert loaded.optimizer.strategy == strategy
+    loaded.fit(x, y, batch_size=BATCH, epochs=2, initial_epoch=1, shuffle=False, verbose=0,
+               callbacks=[hvdo.OverlapCallback()])
+    assert int(loaded.optimizer.iterations.numpy()) == 2 * STEPS_PER_EPOCH
+    assert_weights_close(Result(loaded), want)
+
+
+class RecordEvery(tf.keras.callbacks.Callback):
+    """Reads the weights every ``n`` batches, as ModelCheckpoint(save_freq=n) would save them."""
+
+    def __init__(self, n: int):
+        super().__init__()
+        self.n, self.seen = n, []
+
+    def on_train_batch_end(self, batch, logs=None):
+        if (batch + 1) % self.n == 0:
+            self.seen.append([w.copy() for w in self.model.get_weights()])
+
+
+def _fit_recording(wrap, overlap: tf.keras.callbacks.Callback | None):
+    tf.keras.utils.set_random_seed(3)
+    model = MODELS["odd_sizes"]()
+    model.compile(wrap(tf.keras.optimizers.SGD(0.05, momentum=0.9)), LOSS)
+    x, y = rank_data("odd_sizes", BATCH * STEPS_PER_EPOCH)
+    record = RecordEvery(5)
+    model.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0,
+              callbacks=[record, *([overlap] if overlap else [])])  # the recorder comes first
+    return record.seen
+
+
+@pytest.mark.parametrize("strategy", ["deferred", "hybrid", "sharded"])
+def test_weights_read_by_an_earlier_callback_at_a_flush_point_are_current(strategy):
+    """A callback listed before ``OverlapCallback(flush_every=N)`` (ModelCheckpoint with
+    save_freq=N) runs before its flush: the step itself must have landed its whole update."""
+    want = _fit_recording(stock, None)
+    got = _fit_recording(ours(strategy, bucket_bytes=512), hvdo.OverlapCallback(flush_every=5))
+    assert len(got) == len(want) == 4
+    for step_want, step_got in zip(want, got, strict=True):
+        for a, b in zip(step_want, step_got, strict=True):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+class ResetAt(tf.keras.callbacks.Callback):
+    """Sets the model's weights back to their initial values after batch ``k`` (on every
+    rank), as a callback restoring or swapping weights mid-fit would."""
+
+    def __init__(self, k: int):
+        super().__init__()
+        self.k, self.initial = k, None
+
+    def on_train_begin(self, logs=None):
+        self.initial = [w.copy() for w in self.model.get_weights()]
+
+    def on_train_batch_end(self, batch, logs=None):
+        if batch == self.k:
+            self.model.set_weights(self.initial)
+
+
+def _fit_with_reset(wrap, overlap):
+    tf.keras.utils.set_random_seed(3)
+    model = MODELS["odd_sizes"]()
+    model.compile(wrap(tf.keras.optimizers.SGD(0.05, momentum=0.9)), LOSS)
+    x, y = rank_data("odd_sizes", BATCH * STEPS_PER_EPOCH)
+    model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0,
+              callbacks=[ResetAt(4), *([overlap] if overlap else [])])
+    return [w.copy() for w in model.get_weights()]
+
+
+@pytest.mark.parametrize("strategy", ["deferred", "hybrid", "sharded"])
+def test_set_weights_during_fit_is_not_overwritten_by_a_pending_update(strategy):
+    want = _fit_with_reset(stock, None)
+    got = _fit_with_reset(ours(strategy, bucket_bytes=512), hvdo.OverlapCallback())
+    for a, b in zip(want, got, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)

@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import horovod.tensorflow as hvd
 import tensorflow as tf
 
 from hvd_overlap.comm.methods import Allreduce, CommSettings, Grad, GradientMethod, SliceMethod
@@ -45,6 +46,7 @@ class Executor:
         self.method = method
         self.settings = settings
         self.local_compute = False    # inside minimize: compute_gradients stays local
+        self.local_refs: set = set()  # register_local_var: variables each rank keeps for itself
         self.returned_global = False  # compute_gradients returned global gradients (trace time)
 
     @property
@@ -71,16 +73,58 @@ class Executor:
         from this optimizer's ``compute_gradients``), so nothing is sent again."""
         raise NotImplementedError
 
+    def register_local_var(self, var: tf.Variable) -> None:
+        """A variable each rank keeps for itself: its gradient is never sent (as Horovod's)."""
+        if self.last_plan is not None:
+            raise RuntimeError("register_local_var before the first step (the plan is built "
+                               "then, without the local variables)")
+        self.local_refs.add(var.ref())
+
+    def split_local(self, grads: list[Grad], variables: list[tf.Variable]
+                    ) -> tuple[list[Grad], list[tf.Variable], Pairs]:
+        """(shared gradients, shared variables, local pairs): a local variable's gradient stays
+        on this rank, divided by the number of ranks if ``scale_local_gradients`` (Horovod's
+        default, so that it weighs as much as an averaged one)."""
+        if not self.local_refs:
+            return grads, variables, []
+        shared = [i for i, v in enumerate(variables) if v.ref() not in self.local_refs]
+        local = [(self._scaled(grads[i]), variables[i]) for i, v in enumerate(variables)
+                 if v.ref() in self.local_refs and grads[i] is not None]
+        return [grads[i] for i in shared], [variables[i] for i in shared], local
+
+    def _scaled(self, g: Grad) -> Grad:
+        if not self.settings.scale_local_gradients:
+            return g
+        n = float(hvd.size())
+        if isinstance(g, tf.IndexedSlices):
+            return tf.IndexedSlices(g.values / n, g.indices, g.dense_shape)
+        return g / n
+
+    def with_local(self, grads: list[Grad], variables: list[tf.Variable], reduce_fn
+                   ) -> list[Grad]:
+        """``reduce_fn(grads, variables)`` over the shared variables; local ones kept (scaled),
+        all in the original order."""
+        if not self.local_refs:
+            return reduce_fn(grads, variables)
+        shared_grads, shared_vars, local = self.split_local(grads, variables)
+        got = dict(zip((v.ref() for v in shared_vars), reduce_fn(shared_grads, shared_vars),
+                       strict=True))
+        got.update((v.ref(), g) for g, v in local)
+        return [got.get(v.ref()) for v in variables]
+
     def reduce_now(self, grads: list[Grad], variables: list[tf.Variable]) -> list[Grad]:
         """Every bucket's global gradient, in this step (what ``compute_gradients`` returns, as
         stock Horovod's: the caller reads averaged gradients before ``apply_gradients``). The
         backprop overlap stays (each bucket goes out when its gradients exist); nothing is
         deferred."""
-        plan = self.planner.plan_for(variables, grads)
         method = self.method if isinstance(self.method, GradientMethod) else \
             Allreduce(self.settings)  # sharded: whole gradients, then each rank takes its slice
-        return issue_backward(plan, method, grads, variables, self.settings.ordered,
-                              phases=(BACKWARD, FORWARD))
+
+        def reduce(grads: list[Grad], variables: list[tf.Variable]) -> list[Grad]:
+            plan = self.planner.plan_for(variables, grads)
+            return issue_backward(plan, method, grads, variables, self.settings.ordered,
+                                  phases=(BACKWARD, FORWARD))
+        return self.with_local(grads, variables, reduce)
 
     # -- the cross-iteration phase (a no-op for modes that defer nothing) -----------------------
 

@@ -32,6 +32,7 @@ class DeferringExecutor(Executor):
         self.plan: Plan | None = None
         self.variables: list[tf.Variable] = []     # the variable list the plan indexes
         self.buffers: dict[int, tf.Variable] = {}  # variable index -> local gradient of step t
+        self.step_lr: tf.Variable | None = None    # the learning rate step t was given
 
     def _init(self, plan: Plan, variables: list[tf.Variable]) -> None:
         """A buffer for every forward-phase variable with a gradient, and the pending flag."""
@@ -48,44 +49,77 @@ class DeferringExecutor(Executor):
 
     def apply_gradients(self, grads: list[Grad], variables: list[tf.Variable],
                         args: tuple, kwargs: dict, reduced: bool = False) -> Any:
-        plan = self.planner.plan_for(variables, grads)
+        local: list = []
+        if not reduced:  # (reduced: compute_gradients kept and scaled them already)
+            grads, variables, local = self.split_local(grads, variables)
         ordered = self.settings.ordered
-        if self.plan is not None and plan is not self.plan:
-            raise ValueError("a deferring DistributedOptimizer serves one model: create one "
-                             "optimizer per model (the variable list changed)")
         if reduced or not self.phase.can_defer():
             # the whole update now: global already (compute_gradients), or no next-step phase
             with tf.control_dependencies(self.phase.assert_not_pending()):
                 if not reduced:
-                    grads = issue_backward(plan, self.method, grads, variables, ordered,
-                                           phases=(BACKWARD, FORWARD))
-                return self.plain.apply_gradients(list(zip(grads, variables, strict=True)),
-                                                  *args, **kwargs)
+                    grads = issue_backward(self.planner.plan_for(variables, grads), self.method,
+                                           grads, variables, ordered, phases=(BACKWARD, FORWARD))
+                return self.plain.apply_gradients(
+                    list(zip(grads, variables, strict=True)) + local, *args, **kwargs)
+        plan = self.planner.plan_for(variables, grads)
+        if self.plan is not None and plan is not self.plan:
+            raise ValueError("a deferring DistributedOptimizer serves one model: create one "
+                             "optimizer per model (the variable list changed)")
         if self.plan is None:
             # First trace: the plan was unknown when the pre-forward phase was traced, so this
             # graph reduces every bucket now (exact); the next trace defers.
             self._init(plan, variables)
             reduced = issue_backward(plan, self.method, grads, variables, ordered,
                                      phases=(BACKWARD, FORWARD))
-            return self.plain.apply_gradients(list(zip(reduced, variables, strict=True)),
-                                              *args, **kwargs)
+            return self.plain.apply_gradients(
+                list(zip(reduced, variables, strict=True)) + local, *args, **kwargs)
         now = issue_backward(plan, self.method, grads, variables, ordered)
         backward = sorted(v.index for b in plan.phase_buckets(BACKWARD) for v in b.variables)
-        pairs = [(now[i], variables[i]) for i in backward if grads[i] is not None]
+        pairs = [(now[i], variables[i]) for i in backward if grads[i] is not None] + local
         self.apply_part(pairs, count=not self.buffers)  # nothing deferred: count now
         for i, buf in self.buffers.items():
             buf.assign(tf.convert_to_tensor(grads[i]))
-        self.phase.pending.assign(True)
+        if self.buffers:
+            self._remember_lr()
+            self.phase.pending.assign(True)
         return self.opt.iterations
+
+    def _remember_lr(self) -> None:
+        """Keep the learning rate this step was given: a callback may set another one before
+        the next step (``on_train_batch_begin``: Horovod's warm-up, ``BatchSizeScheduler``),
+        and the deferred part of this step's update must be applied with this one."""
+        lr = _lr_variable(self.opt)
+        if lr is None:
+            return  # a LearningRateSchedule: it reads ``iterations``, which the deferral keeps
+        if self.step_lr is None:
+            with plugin_state():
+                self.step_lr = tf.Variable(lr.read_value(), trainable=False,
+                                           name="hvd_overlap_step_lr")
+        self.step_lr.assign(lr.read_value())
 
     def pre_forward(self) -> None:
         self.phase.mark()
         if self.plan is None:
             return  # nothing traced yet, so nothing can be pending in this graph
-        forward = self.plan.phase_buckets(FORWARD)
+        # only buckets with a buffered gradient: one whose variables all lack a gradient has
+        # nothing to bring in (and must not count the step a second time)
+        forward = [b for b in self.plan.phase_buckets(FORWARD)
+                   if any(v.index in self.buffers for v in b.variables)]
         last = len(forward) - 1
         runs = [lambda b=b, k=k: self._bring_in(b, k == last) for k, b in enumerate(forward)]
-        issue_forward(runs, self.phase.pending)
+        lr = _lr_variable(self.opt)
+        if lr is None or self.step_lr is None:
+            issue_forward(runs, self.phase.pending)
+            return
+        # the deferred buckets are step t's update: applied with step t's learning rate, then
+        # the rate this step was given is put back
+        now = lr.read_value()
+        with tf.control_dependencies([now]):
+            swapped = lr.assign(tf.where(self.phase.pending, self.step_lr, now))
+        with tf.control_dependencies([swapped]):
+            done = issue_forward(runs, self.phase.pending)
+        with tf.control_dependencies([done]):
+            lr.assign(now)
 
     def _bring_in(self, bucket, last: bool) -> None:
         """Reduce one deferred bucket from its buffers and apply it (the last one counts the
@@ -107,3 +141,12 @@ class DeferringExecutor(Executor):
     @property
     def pending(self) -> bool:
         return self.phase.is_pending()
+
+
+def _lr_variable(opt: Any) -> tf.Variable | None:
+    """The variable holding the optimizer's learning rate (Keras keeps it privately: new
+    optimizers in ``_learning_rate``, legacy ones in ``_hyper``); None for a schedule."""
+    lr = getattr(opt, "_learning_rate", None)
+    if lr is None:
+        lr = getattr(opt, "_hyper", {}).get("learning_rate")
+    return lr if isinstance(lr, tf.Variable) else None

@@ -15,9 +15,12 @@ class ImmediateExecutor(Executor):
     """Reduce this step's gradients bucket by bucket as they appear; apply them at once."""
 
     def reduce(self, grads: list[Grad], variables: list[tf.Variable]) -> list[Grad]:
-        """Global gradients of this step (the backward phase of the plan)."""
-        plan = self.planner.plan_for(variables, grads)
-        return issue_backward(plan, self.method, grads, variables, self.settings.ordered)
+        """Global gradients of this step (the backward phase of the plan; local variables'
+        stay on this rank)."""
+        def reduce(grads: list[Grad], variables: list[tf.Variable]) -> list[Grad]:
+            plan = self.planner.plan_for(variables, grads)
+            return issue_backward(plan, self.method, grads, variables, self.settings.ordered)
+        return self.with_local(grads, variables, reduce)
 
     def apply_gradients(self, grads: list[Grad], variables: list[tf.Variable],
                         args: tuple, kwargs: dict, reduced: bool = False) -> Any:

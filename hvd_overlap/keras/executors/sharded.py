@@ -106,6 +106,11 @@ class ShardedExecutor(Executor):
         if st.checkpoint.iterations != step:
             st.checkpoint.set(step, st.gather_state())
 
+    def register_local_var(self, var: tf.Variable) -> None:
+        raise ValueError("strategy='sharded' keeps optimizer state for slices of the shared "
+                         "variables only; a variable each rank keeps for itself needs its own "
+                         "whole state: use strategy='layerwise', 'deferred' or 'hybrid'")
+
     def slice_variables(self) -> tuple[list[tf.Variable], list[tf.Variable]]:
         st = self.state
         return list(st.params.values()), [v for d in st.slots.values() for v in d.values()]

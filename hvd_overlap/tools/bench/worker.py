@@ -9,8 +9,8 @@ groups, so machine noise hits all alike. Each run is one ``model.fit`` of ``warm
 steps; the timing callback takes the end of the last warm-up step to the end of the last step
 (Keras converts the logs of a callback that does not take tensors, so each step end is a sync
 point). A run's step time is the slowest rank's. With ``timeline_dir`` (the last round), each
-strategy then runs ``1 + steps`` more steps under a Horovod timeline written there (the launcher
-reads it). Rank 0 writes the results to OUT.json.
+strategy then runs ``1 + steps + 1`` more steps under a Horovod timeline written there (the
+launcher reads it). Rank 0 writes the results to OUT.json.
 """
 
 from __future__ import annotations
@@ -80,11 +80,12 @@ def pin_rank() -> list[int] | None:
 
 
 class StepTimer(tf.keras.callbacks.Callback):
-    """Mean seconds per step after the first ``warmup`` steps of a ``fit``."""
+    """Mean seconds per step of the ``steps`` steps after the first ``warmup`` of a ``fit``
+    (the epoch's last step, after them, is not timed)."""
 
-    def __init__(self, warmup: int):
+    def __init__(self, warmup: int, steps: int):
         super().__init__()
-        self.warmup = warmup
+        self.warmup, self.steps = warmup, steps
         self.ends: list[float] = []
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
@@ -92,7 +93,7 @@ class StepTimer(tf.keras.callbacks.Callback):
 
     @property
     def step_time(self) -> float:
-        timed = self.ends[self.warmup - 1:]
+        timed = self.ends[self.warmup - 1:self.warmup + self.steps]
         return (timed[-1] - timed[0]) / (len(timed) - 1)
 
 
@@ -121,17 +122,18 @@ class Trainee:
         self.model.compile(opt, tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
 
     def run(self, data: tf.data.Dataset, warmup: int, steps: int) -> float:
-        """Train ``warmup + steps`` steps; the mean step time of the timed ones, in seconds."""
-        timer = StepTimer(warmup)
-        # the timer goes first: a deferring strategy's end-of-epoch flush (once per epoch,
-        # amortised over real epochs) stays out of the steady-state step time
-        self.model.fit(data, epochs=1, steps_per_epoch=warmup + steps, verbose=0,
+        """Train ``warmup + steps + 1`` steps; the mean step time of the ``steps`` timed ones,
+        in seconds. The epoch's last step is not timed, for any strategy: a deferring strategy
+        lands its own update there (and traces that step's function once), and flushes after
+        it -- once per epoch, amortised over real epochs, not the steady state."""
+        timer = StepTimer(warmup, steps)
+        self.model.fit(data, epochs=1, steps_per_epoch=warmup + steps + 1, verbose=0,
                        callbacks=[timer, *self.callbacks])
         return timer.step_time
 
 
 def record_timeline(trainee: Trainee, data: tf.data.Dataset, steps: int, path: str) -> bool:
-    """One more run of ``1 + steps`` steps under a Horovod timeline written to ``path`` (by
+    """One more run of ``1 + steps + 1`` steps under a Horovod timeline written to ``path`` (by
     rank 0); the launcher reads the collectives' wire time from it. False if Horovod was started
     without ``HOROVOD_TIMELINE=DYNAMIC``."""
     import horovod.tensorflow as hvd

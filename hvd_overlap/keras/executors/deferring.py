@@ -16,20 +16,15 @@ import tensorflow as tf
 from hvd_overlap.comm.methods import Grad
 from hvd_overlap.comm.schedule import issue_backward, issue_forward
 from hvd_overlap.core.plan import BACKWARD, FORWARD, Plan
-from hvd_overlap.keras.executors.base import Executor
-from hvd_overlap.keras.executors.forward_phase import ForwardPhase
+from hvd_overlap.keras.executors.forward_phase import NextStepExecutor
 from hvd_overlap.keras.state_scope import plugin_state
 
 
-class DeferringExecutor(Executor):
+class DeferringExecutor(NextStepExecutor):
     """Backward-phase buckets now; forward-phase buckets from buffers, in the next step."""
-
-    defers = True
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
-        self.phase = ForwardPhase(self.strategy)
-        self.plan: Plan | None = None
         self.variables: list[tf.Variable] = []     # the variable list the plan indexes
         self.buffers: dict[int, tf.Variable] = {}  # variable index -> local gradient of step t
         self.step_lr: tf.Variable | None = None    # the learning rate step t was given
@@ -44,6 +39,8 @@ class DeferringExecutor(Executor):
                         self.buffers[v.index] = tf.Variable(
                             tf.zeros(var.shape, var.dtype), trainable=False,
                             name="hvd_overlap_grad_" + v.name.split(":")[0].replace("/", "_"))
+            # made here, at the first trace (a tf.function may create variables only then)
+            self.step_lr = tf.Variable(0.0, trainable=False, name="hvd_overlap_step_lr")
         self.phase.create()
         self.plan, self.variables = plan, list(variables)
 
@@ -91,11 +88,7 @@ class DeferringExecutor(Executor):
         lr = _lr_variable(self.opt)
         if lr is None:
             return  # a LearningRateSchedule: it reads ``iterations``, which the deferral keeps
-        if self.step_lr is None:
-            with plugin_state():
-                self.step_lr = tf.Variable(lr.read_value(), trainable=False,
-                                           name="hvd_overlap_step_lr")
-        self.step_lr.assign(lr.read_value())
+        self.step_lr.assign(tf.cast(lr, self.step_lr.dtype))
 
     def pre_forward(self) -> None:
         self.phase.mark()
@@ -108,14 +101,14 @@ class DeferringExecutor(Executor):
         last = len(forward) - 1
         runs = [lambda b=b, k=k: self._bring_in(b, k == last) for k, b in enumerate(forward)]
         lr = _lr_variable(self.opt)
-        if lr is None or self.step_lr is None:
+        if lr is None:
             issue_forward(runs, self.phase.pending)
             return
         # the deferred buckets are step t's update: applied with step t's learning rate, then
         # the rate this step was given is put back
         now = lr.read_value()
         with tf.control_dependencies([now]):
-            swapped = lr.assign(tf.where(self.phase.pending, self.step_lr, now))
+            swapped = lr.assign(tf.where(self.phase.pending, tf.cast(self.step_lr, lr.dtype), now))
         with tf.control_dependencies([swapped]):
             done = issue_forward(runs, self.phase.pending)
         with tf.control_dependencies([done]):
@@ -132,15 +125,6 @@ class DeferringExecutor(Executor):
         self.apply_part([(reduced[v.index], self.variables[v.index]) for v in bucket.variables
                          if v.index in reduced], count=last)
 
-    def flush(self) -> None:
-        self.phase.flush(self.pre_forward)
-
-    def take_retrace(self) -> bool:
-        return self.phase.take_retrace()
-
-    @property
-    def pending(self) -> bool:
-        return self.phase.is_pending()
 
 
 def _lr_variable(opt: Any) -> tf.Variable | None:

@@ -11,10 +11,13 @@ from __future__ import annotations
 import warnings
 import weakref
 from collections.abc import Callable
+from typing import Any
 
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
+from hvd_overlap.core.plan import Plan
+from hvd_overlap.keras.executors.base import Executor
 from hvd_overlap.keras.state_scope import plugin_state
 
 
@@ -100,3 +103,25 @@ class ForwardPhase:
             if self._flush_fn is None:
                 self._flush_fn = tf.function(pre_forward)
             self._flush_fn()
+
+
+class NextStepExecutor(Executor):
+    """What the modes that leave part of a step for the next one share: the forward phase
+    (pending flag, retrace request, flush) and the plan the first step fixed."""
+
+    defers = True
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.phase = ForwardPhase(self.strategy)
+        self.plan: Plan | None = None
+
+    def flush(self) -> None:
+        self.phase.flush(self.pre_forward)
+
+    def take_retrace(self) -> bool:
+        return self.phase.take_retrace()
+
+    @property
+    def pending(self) -> bool:
+        return self.phase.is_pending()

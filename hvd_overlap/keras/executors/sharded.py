@@ -18,20 +18,15 @@ from hvd_overlap.comm.methods import Grad
 from hvd_overlap.comm.schedule import chain, issue_forward
 from hvd_overlap.core.plan import BACKWARD, FORWARD, Plan
 from hvd_overlap.core.sharding import BucketSlices, ShardLayout, partition
-from hvd_overlap.keras.executors.base import Executor
-from hvd_overlap.keras.executors.forward_phase import ForwardPhase
+from hvd_overlap.keras.executors.forward_phase import NextStepExecutor
 from hvd_overlap.keras.sharded_state import ShardedState, plain_order, stale_state_error
 
 
-class ShardedExecutor(Executor):
+class ShardedExecutor(NextStepExecutor):
     """Each rank updates its slice; the slot variables exist for the slices only."""
-
-    defers = True
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
-        self.phase = ForwardPhase(self.strategy)
-        self.plan: Plan | None = None
         self.state = ShardedState(self.settings.name, self.opt, self.plain.cls)
 
     def apply_gradients(self, grads: list[Grad], variables: list[tf.Variable],
@@ -88,15 +83,6 @@ class ShardedExecutor(Executor):
                        for b in self.state.layout.buckets if b.phase == FORWARD],
                       self.phase.pending)
 
-    def flush(self) -> None:
-        self.phase.flush(self.pre_forward)
-
-    def take_retrace(self) -> bool:
-        return self.phase.take_retrace()
-
-    @property
-    def pending(self) -> bool:
-        return self.phase.is_pending()
 
     def gather_state(self) -> None:
         st = self.state

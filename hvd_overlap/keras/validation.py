@@ -10,6 +10,12 @@ import tensorflow as tf
 
 from hvd_overlap.core.plan import GATHER_METHODS
 
+#: measured against stock Horovod (tests/multirank/test_keras_usage.py): Nadam's momentum-schedule
+#: product is advanced per apply call, not per step
+_NADAM = ("Nadam advances the running product of its momentum schedule on every apply call, and "
+          "strategy {strategy!r} applies a step's update in parts, so the weights would drift "
+          "from stock Horovod's (measured); use strategy='layerwise', or Adam")
+
 
 def element_wise_optimizers() -> tuple[type, ...]:
     """Optimizers whose update of an element reads only that element's gradient and state."""
@@ -29,6 +35,8 @@ def validate_sharding(optimizer) -> None:
             f"{type(optimizer).__name__} is not one of them (an update that needs whole "
             "tensors, like Adafactor's factored moments or a trust ratio, would be wrong). Use "
             "strategy='deferred' or 'layerwise'")
+    if type(optimizer) is tf.keras.optimizers.Nadam:
+        raise ValueError(_NADAM.format(strategy="sharded"))
     if getattr(optimizer, "clipnorm", None) or getattr(optimizer, "global_clipnorm", None):
         raise ValueError(
             "clipnorm/global_clipnorm need whole-tensor norms, but with strategy='sharded' each "
@@ -44,6 +52,8 @@ def validate_deferring(optimizer, strategy, backward_passes_per_step, defer) -> 
     if backward_passes_per_step > 1:
         raise ValueError(f"strategy {strategy!r} does not combine with backward_passes_per_step"
                          " > 1; use strategy='layerwise' for gradient accumulation")
+    if isinstance(optimizer, tf.keras.optimizers.Nadam | tf.keras.optimizers.legacy.Nadam):
+        raise ValueError(_NADAM.format(strategy=strategy))
     if getattr(optimizer, "global_clipnorm", None):
         raise ValueError(f"global_clipnorm needs every gradient at once, but strategy "
                          f"{strategy!r} applies updates bucket by bucket; use clipnorm (per "

@@ -136,10 +136,15 @@ def test_clipping_local_gradients_would_differ():
 
 
 class PerBatchLR(tf.keras.callbacks.Callback):
-    """Sets the learning rate before every batch, as Horovod's warm-up callback does."""
+    """Sets the learning rate before every batch, as Horovod's warm-up callback does (and, for
+    a legacy optimizer, whose hyperparameters are all variables, the momentum too, as that
+    callback's momentum correction does)."""
 
     def on_train_batch_begin(self, batch, logs=None):
-        self.model.optimizer.learning_rate = 0.2 / (1.0 + batch)
+        opt = self.model.optimizer
+        opt.learning_rate = 0.2 / (1.0 + batch)
+        if isinstance(opt, tf.keras.optimizers.legacy.Optimizer):
+            opt.momentum = 0.9 - 0.05 * (batch % 4)
 
 
 def _fit_per_batch_lr(wrap, opt_factory):
@@ -152,9 +157,7 @@ def _fit_per_batch_lr(wrap, opt_factory):
     y = rng.integers(0, 10, 16 * STEPS)
     model.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0,
               callbacks=[PerBatchLR(), hvdo.OverlapCallback(),
-                         hvd.callbacks.BroadcastGlobalVariablesCallback(0),
-                         hvd.callbacks.LearningRateWarmupCallback(
-                             0.1, warmup_epochs=1, steps_per_epoch=STEPS, verbose=0)])
+                         hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
     return [w.copy() for w in model.get_weights()]
 
 
@@ -210,12 +213,13 @@ def test_register_local_var_is_refused_by_sharded_with_the_fix():
         opt.register_local_var(tf.Variable(tf.zeros(3)))
 
 
-@pytest.mark.parametrize("opt_name", ["nadam", "legacy_nadam", "adadelta", "adamax", "ftrl",
-                                      "lion"])
-@pytest.mark.parametrize("strategy", ["hybrid", "sharded"])
+@pytest.mark.parametrize("strategy,opt_name", [
+    *[(s, o) for s in ("hybrid", "sharded") for o in ("adadelta", "adamax", "ftrl", "lion")],
+    ("sharded", "legacy_nadam")])
 def test_optimizers_claimed_exact_equal_stock_under_per_bucket_applies(strategy, opt_name):
-    """Optimizers with per-call state (Nadam's running product) and the rest of the
-    element-wise list, updated bucket by bucket (hybrid) or slice by slice (sharded)."""
+    """The element-wise optimizers not covered elsewhere, updated bucket by bucket (hybrid) or
+    slice by slice (sharded). (Nadam under hybrid/deferred, and the new Nadam under sharded,
+    were measured off by up to 7e-3 and are refused: next test.)"""
     want = stock_reference("odd_sizes", opt_name)
     got = train_fit("odd_sizes", opt_name, ours(strategy, bucket_bytes=512))
     assert_weights_close(got, want)
@@ -315,3 +319,10 @@ def test_set_weights_during_fit_is_not_overwritten_by_a_pending_update(strategy)
     got = _fit_with_reset(ours(strategy, bucket_bytes=512), hvdo.OverlapCallback())
     for a, b in zip(want, got, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("strategy,opt_name", [("hybrid", "nadam"), ("deferred", "legacy_nadam"),
+                                               ("sharded", "nadam")])
+def test_nadam_is_refused_where_it_cannot_be_exact(strategy, opt_name):
+    with pytest.raises(ValueError, match="Nadam.*layerwise"):
+        hvdo.DistributedOptimizer(OPTIMIZERS[opt_name](), strategy=strategy)

@@ -27,7 +27,7 @@ class DeferringExecutor(NextStepExecutor):
         super().__init__(*args, **kwargs)
         self.variables: list[tf.Variable] = []     # the variable list the plan indexes
         self.buffers: dict[int, tf.Variable] = {}  # variable index -> local gradient of step t
-        self.step_lr: tf.Variable | None = None    # the learning rate step t was given
+        self.step_hypers: list[tuple[tf.Variable, tf.Variable]] = []  # (hyper, step t's value)
 
     def _init(self, plan: Plan, variables: list[tf.Variable]) -> None:
         """A buffer for every forward-phase variable with a gradient, and the pending flag."""
@@ -40,7 +40,10 @@ class DeferringExecutor(NextStepExecutor):
                             tf.zeros(var.shape, var.dtype), trainable=False,
                             name="hvd_overlap_grad_" + v.name.split(":")[0].replace("/", "_"))
             # made here, at the first trace (a tf.function may create variables only then)
-            self.step_lr = tf.Variable(0.0, trainable=False, name="hvd_overlap_step_lr")
+            self.step_hypers = [
+                (h, tf.Variable(tf.zeros([], h.dtype), trainable=False,
+                                name=f"hvd_overlap_step_{h.name.split(':')[0].split('/')[-1]}"))
+                for h in _hyper_variables(self.opt)]
         self.phase.create()
         self.plan, self.variables = plan, list(variables)
 
@@ -77,18 +80,18 @@ class DeferringExecutor(NextStepExecutor):
         for i, buf in self.buffers.items():
             buf.assign(tf.convert_to_tensor(grads[i]))
         if self.buffers:
-            self._remember_lr()
+            self._remember_hypers()
             self.phase.pending.assign(True)
         return self.opt.iterations
 
-    def _remember_lr(self) -> None:
-        """Keep the learning rate this step was given: a callback may set another one before
-        the next step (``on_train_batch_begin``: Horovod's warm-up, ``BatchSizeScheduler``),
-        and the deferred part of this step's update must be applied with this one."""
-        lr = _lr_variable(self.opt)
-        if lr is None:
-            return  # a LearningRateSchedule: it reads ``iterations``, which the deferral keeps
-        self.step_lr.assign(tf.cast(lr, self.step_lr.dtype))
+    def _remember_hypers(self) -> None:
+        """Keep the hyperparameters this step was given (learning rate; for legacy optimizers
+        also momentum, betas...): a callback may set others before the next step
+        (``on_train_batch_begin``: Horovod's warm-up, ``BatchSizeScheduler``), and the deferred
+        part of this step's update must be applied with this step's. (A LearningRateSchedule
+        reads ``iterations``, which the deferral keeps right.)"""
+        for hyper, kept in self.step_hypers:
+            kept.assign(hyper.read_value())
 
     def pre_forward(self) -> None:
         self.phase.mark()
@@ -100,19 +103,20 @@ class DeferringExecutor(NextStepExecutor):
                    if any(v.index in self.buffers for v in b.variables)]
         last = len(forward) - 1
         runs = [lambda b=b, k=k: self._bring_in(b, k == last) for k, b in enumerate(forward)]
-        lr = _lr_variable(self.opt)
-        if lr is None:
+        if not self.step_hypers:
             issue_forward(runs, self.phase.pending)
             return
-        # the deferred buckets are step t's update: applied with step t's learning rate, then
-        # the rate this step was given is put back
-        now = lr.read_value()
-        with tf.control_dependencies([now]):
-            swapped = lr.assign(tf.where(self.phase.pending, tf.cast(self.step_lr, lr.dtype), now))
-        with tf.control_dependencies([swapped]):
+        # the deferred buckets are step t's update: applied with step t's hyperparameters, then
+        # the ones this step was given are put back
+        now = [h.read_value() for h, _ in self.step_hypers]
+        with tf.control_dependencies(now):
+            swapped = [h.assign(tf.where(self.phase.pending, kept, v))
+                       for (h, kept), v in zip(self.step_hypers, now, strict=True)]
+        with tf.control_dependencies(swapped):
             done = issue_forward(runs, self.phase.pending)
         with tf.control_dependencies([done]):
-            lr.assign(now)
+            for (h, _), v in zip(self.step_hypers, now, strict=True):
+                h.assign(v)
 
     def _bring_in(self, bucket, last: bool) -> None:
         """Reduce one deferred bucket from its buffers and apply it (the last one counts the
@@ -127,10 +131,14 @@ class DeferringExecutor(NextStepExecutor):
 
 
 
-def _lr_variable(opt: Any) -> tf.Variable | None:
-    """The variable holding the optimizer's learning rate (Keras keeps it privately: new
-    optimizers in ``_learning_rate``, legacy ones in ``_hyper``); None for a schedule."""
-    lr = getattr(opt, "_learning_rate", None)
-    if lr is None:
-        lr = getattr(opt, "_hyper", {}).get("learning_rate")
-    return lr if isinstance(lr, tf.Variable) else None
+def _hyper_variables(opt: Any) -> list[tf.Variable]:
+    """The variables holding hyperparameters a callback may change between steps (Keras keeps
+    them privately: new optimizers only the learning rate, in ``_learning_rate``; legacy ones
+    all of them, in ``_hyper``, made variables here if they are not yet)."""
+    if hasattr(opt, "_create_hypers"):  # legacy
+        _ = opt.iterations  # first, as Keras makes them: the optimizer's weights keep its order
+        opt._create_hypers()
+        hypers = [v for _, v in sorted(opt._hyper.items())]
+    else:
+        hypers = [getattr(opt, "_learning_rate", None)]
+    return [h for h in hypers if isinstance(h, tf.Variable)]

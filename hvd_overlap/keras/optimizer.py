@@ -249,7 +249,8 @@ def DistributedOptimizer(  # noqa: N802 -- same name as Horovod's factory
     if strat.shards:
         validate_sharding(optimizer)
     if strat.defers:
-        validate_deferring(optimizer, strategy, backward_passes_per_step, defer)
+        validate_deferring(optimizer, strategy, backward_passes_per_step, defer,
+                           per_bucket=not strat.shards)
     validate_elastic(strategy, strat.defers)
     if strategy == "horovod":
         prefix = name or f"Distributed{type(optimizer).__name__}"

@@ -47,12 +47,15 @@ def validate_sharding(optimizer) -> None:
                          "does not shard; use strategy='deferred' or 'layerwise'")
 
 
-def validate_deferring(optimizer, strategy, backward_passes_per_step, defer) -> None:
-    """What deferring updates bucket by bucket cannot do exactly, refused up front."""
+def validate_deferring(optimizer, strategy, backward_passes_per_step, defer,
+                       per_bucket: bool = True) -> None:
+    """What deferring updates cannot do exactly, refused up front (``per_bucket``: the update
+    itself is applied bucket by bucket -- deferred, hybrid -- not only its all-gathers)."""
     if backward_passes_per_step > 1:
         raise ValueError(f"strategy {strategy!r} does not combine with backward_passes_per_step"
                          " > 1; use strategy='layerwise' for gradient accumulation")
-    if isinstance(optimizer, tf.keras.optimizers.Nadam | tf.keras.optimizers.legacy.Nadam):
+    if per_bucket and isinstance(optimizer,
+                                 tf.keras.optimizers.Nadam | tf.keras.optimizers.legacy.Nadam):
         raise ValueError(_NADAM.format(strategy=strategy))
     if getattr(optimizer, "global_clipnorm", None):
         raise ValueError(f"global_clipnorm needs every gradient at once, but strategy "

@@ -13,7 +13,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from hvd_overlap.core.plan import (
-    ALLREDUCE,
     DEFAULT_BUCKET_BYTES,
     GATHER_METHODS,
     Bucket,
@@ -135,7 +134,3 @@ def get_strategy(name: str) -> Strategy:
             f"unknown strategy {name!r}; choose one of: {', '.join(sorted(STRATEGIES))}"
         ) from None
 
-
-def is_allreduce(plan: Plan) -> bool:
-    """True if every bucket of the plan travels as one allreduce (not sharded)."""
-    return all(b.collective == ALLREDUCE for b in plan.buckets)

@@ -1,23 +1,35 @@
 """Convergence study of run-time batch-size growth on scikit-learn's digits (no downloads).
 
-Run on 2 ranks (``scripts/batch-study``)::
+Run on 2 ranks (``scripts/batch-study``; ``--quick`` is the short variant the tests run)::
 
     horovodrun -np 2 -H localhost:2 --gloo python examples/batch_growth_study.py --out docs
 
-Each rank trains on its shard of the training split
-(``hvd_overlap.growth.data.fit_with_growth``), with stock ``hvd.DistributedOptimizer`` (one
-gradient allreduce per optimizer step, so communication rounds = optimizer steps). The held-out
-test split is evaluated after every epoch.
-Configurations (global batches; LR coupled to the batch relative to the small batch):
+The task: digits (1347 training images sharded over the ranks, 450 held out), an MLP, SGD with
+momentum, a fixed budget of epochs, and a large batch that is 16x the small one (512 of the
+1347 samples per step). Every policy sees the same samples per epoch; they differ in how many
+optimizer steps (= communication rounds) they take and how the learning rate follows the
+batch. The plugin trains (``--strategy hybrid`` by default, with ``OverlapCallback``; its
+weights equal stock Horovod's, see the tests), so a round is one exchange of the gradients.
 
-- ``small``: fixed small batch;
-- ``large``: fixed batch ``factor`` times larger, linearly scaled LR (Goyal et al.);
-  ``large-none``: the same batch with the small batch's LR;
-- ``growth-<scaling>``: small batch doubled every ``--every`` epochs up to the large one, with
-  ``linear``, ``sqrt`` or ``none`` LR scaling and a short linear warm-up after each growth.
+Policies (global batches, LR coupled to the batch relative to the small one, ``lr`` at 32):
 
-Rank 0 writes ``batch_growth.md`` (table) and ``batch_growth.png`` (accuracy and batch size vs
-epoch) into ``--out``.
+- ``small``: fixed small batch, ``lr``;
+- ``large``: fixed 16x batch, linear LR (16 ``lr``) after Goyal et al.'s 5-epoch warm-up;
+  ``large-sqrt``: the same with the gentler square-root coupling (4 ``lr``);
+- ``growth`` (the project's recommended policy): double every 3 epochs up to the large batch,
+  linear LR, a 50-step linear warm-up after each growth;
+- ``adabatch``: double every 3 epochs with the LR doubled at once (AdaBatch keeps LR/batch
+  equal to its baseline's; the small baseline here has no decay);
+- ``smith``: double every 3 epochs at a constant LR (Smith et al.: grow the batch instead of
+  decaying the LR);
+- ``growth-sqrt``: ``growth`` with square-root coupling;
+- the sweep around ``growth``: ``growth-w<W>`` (warm-up steps; ``adabatch`` is ``w0``) and
+  ``growth-e<E>`` (period).
+
+Rank 0 writes ``batch_growth.md`` (tables), ``batch_growth.json`` (every run's per-epoch
+accuracy, batch, LR and rounds) and ``batch_growth.png`` (accuracy vs epoch and vs
+communication rounds, batch vs epoch) into ``--out``; ``--from-json`` redraws them from a
+``batch_growth.json`` without training.
 """
 
 from __future__ import annotations
@@ -33,11 +45,16 @@ import tensorflow as tf
 from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 
+import hvd_overlap.keras as hvdo
 from hvd_overlap.growth.callback import BatchSizeScheduler
 from hvd_overlap.growth.data import fit_with_growth
 from hvd_overlap.growth.policy import BatchGrowth, Periodic
 
 hvd.init()
+
+POLICIES = ["small", "large", "large-sqrt", "growth", "adabatch", "smith", "growth-sqrt"]
+SWEEP = ["growth-w20", "growth-w100", "growth-e2", "growth-e4"]  # w0 is adabatch
+GOYAL_WARMUP_EPOCHS = 5
 
 
 def load(seed: int = 0):
@@ -53,103 +70,166 @@ def make_model(seed: int) -> tf.keras.Model:
                                 L.Dense(64, activation="relu"), L.Dense(10)])
 
 
+def growth_params(name: str, args: argparse.Namespace) -> tuple[str, int, int]:
+    """``(lr_scaling, warmup_steps, every)`` of a growth-family config name."""
+    if name == "adabatch":
+        return "linear", 0, args.every
+    if name == "smith":
+        return "none", 0, args.every
+    scaling, warmup, every = "linear", args.warmup, args.every
+    for part in name.split("-")[1:]:
+        if part[0] == "w" and part[1:].isdigit():
+            warmup = int(part[1:])
+        elif part[0] == "e" and part[1:].isdigit():
+            every = int(part[1:])
+        elif part in ("linear", "sqrt", "none"):
+            scaling = part
+        else:
+            raise SystemExit(f"unknown config {name!r}: growth[-linear|-sqrt|-none][-wW][-eE]")
+    return scaling, warmup, every
+
+
 def policy(name: str, args: argparse.Namespace) -> BatchGrowth:
     small, large = args.small, args.small * args.factor
     common = dict(num_ranks=hvd.size(), base_lr=args.lr, initial_batch=small)
     if name == "small":
         return BatchGrowth(None, **common)
-    if name.startswith("large"):  # "large": linearly scaled lr, "large-none": small's lr
-        lr = args.lr if name == "large-none" else args.lr * args.factor
-        return BatchGrowth(None, **common | dict(initial_batch=large, base_lr=lr))
-    scaling = name.split("-", 1)[1]
-    return BatchGrowth(Periodic(args.every, factor=2), **common, lr_scaling=scaling,
-                       warmup_steps=args.warmup, max_global_batch=large)
+    if name in ("large", "large-sqrt"):
+        scale = args.factor if name == "large" else args.factor ** 0.5
+        warmup = GOYAL_WARMUP_EPOCHS * (args.n_train // large)
+        return BatchGrowth(None, num_ranks=hvd.size(), initial_batch=large,
+                           base_lr=args.lr * scale, warmup_steps=warmup, start_lr=args.lr)
+    if name in ("adabatch", "smith") or name.startswith("growth"):
+        scaling, warmup, every = growth_params(name, args)
+        return BatchGrowth(Periodic(every, factor=2), **common, lr_scaling=scaling,
+                           warmup_steps=warmup, max_global_batch=large)
+    raise SystemExit(f"unknown config {name!r}; known: {POLICIES + SWEEP}")
+
+
+def wrap(opt: tf.keras.optimizers.Optimizer, strategy: str):
+    if strategy == "stock":
+        return hvd.DistributedOptimizer(opt), []
+    return hvdo.DistributedOptimizer(opt, strategy=strategy), [hvdo.OverlapCallback()]
 
 
 def run(name: str, seed: int, data, args: argparse.Namespace) -> dict:
     x_train, x_test, y_train, y_test = data
     tf.keras.backend.clear_session()
     model = make_model(seed)
-    opt = hvd.DistributedOptimizer(tf.keras.optimizers.SGD(args.lr, momentum=0.9))
+    opt, extra = wrap(tf.keras.optimizers.SGD(args.lr, momentum=0.9), args.strategy)
     model.compile(optimizer=opt, metrics=["accuracy"],
                   loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    sched = BatchSizeScheduler(policy(name, args))
+    rounds: list[int] = []
+    count = tf.keras.callbacks.LambdaCallback(
+        on_epoch_end=lambda e, logs: rounds.append(int(opt.iterations.numpy())))
     start = time.perf_counter()
-    h = fit_with_growth(model, x_train, y_train, scheduler=sched, epochs=args.epochs,
-                        seed=seed, validation_data=(x_test, y_test), verbose=0,
-                        validation_batch_size=len(x_test),
-                        callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+    h = fit_with_growth(model, x_train, y_train, scheduler=BatchSizeScheduler(policy(name, args)),
+                        epochs=args.epochs, seed=seed, validation_data=(x_test, y_test),
+                        verbose=0, validation_batch_size=len(x_test),
+                        callbacks=[*extra, hvd.callbacks.BroadcastGlobalVariablesCallback(0),
+                                   count])
     return {"config": name, "seed": seed, "acc": h.history["val_accuracy"],
-            "batch": h.history["batch_size"], "lr": h.history["lr"],
-            "rounds": int(opt.iterations.numpy()), "seconds": time.perf_counter() - start}
+            "batch": h.history["batch_size"], "lr": h.history["lr"], "rounds_by_epoch": rounds,
+            "rounds": rounds[-1], "seconds": time.perf_counter() - start}
+
+
+def _describe(r0: dict) -> tuple[str, str]:
+    batches = str(r0["batch"][0]) if r0["batch"][0] == r0["batch"][-1] else \
+        " → ".join(str(b) for b in dict.fromkeys(r0["batch"]))
+    lrs = f"{r0['lr'][-1]:.3g}" if r0["lr"][0] == r0["lr"][-1] else \
+        f"{r0['lr'][0]:.3g} → {r0['lr'][-1]:.3g}"
+    return batches, lrs
+
+
+def _table(configs: list[str], by: dict, base_acc: float, base_rounds: float,
+           names: dict[str, str] | None = None) -> list[str]:
+    rows = ["| config | global batch | LR (end of epoch 1 → last) | test accuracy % (mean ± std) "
+            "| Δ vs small (points) | communication rounds | fewer rounds than small "
+            "| wall time per run (s) |",
+            "|---|---|---|---|---|---|---|---|"]
+    for c in configs:
+        acc = np.array([r["acc"][-1] for r in by[c]]) * 100
+        batches, lrs = _describe(by[c][0])
+        rounds = np.mean([r["rounds"] for r in by[c]])
+        seconds = np.mean([r["seconds"] for r in by[c]])
+        rows.append(f"| {(names or {}).get(c, c)} | {batches} | {lrs} "
+                    f"| {acc.mean():.2f} ± {acc.std():.2f} "
+                    f"| {acc.mean() - base_acc:+.2f} | {rounds:.0f} "
+                    f"| {base_rounds / rounds:.2f}x | {seconds:.1f} |")
+    return rows
 
 
 def report(results: list[dict], args: argparse.Namespace, out: Path) -> None:
+    """Tables, raw results and plot of the runs (``args``: the study's settings)."""
+    configs = list(dict.fromkeys(r["config"] for r in results))
+    by = {c: [r for r in results if r["config"] == c] for c in configs}
+    base_acc = np.mean([r["acc"][-1] for r in by["small"]]) * 100
+    base_rounds = np.mean([r["rounds"] for r in by["small"]])
+    main = [c for c in configs if c in POLICIES]
+    sweep = [c for c in configs if c not in POLICIES or c in ("growth", "adabatch")]
+    seeds = [r["seed"] for r in by["small"]]
+    per_seed = ["| config | " + " | ".join(f"seed {s}" for s in seeds) + " |",
+                "|---|" + "---|" * len(seeds)]
+    for c in configs:
+        per_seed.append(f"| {c} | " + " | ".join(f"{r['acc'][-1] * 100:.2f}" for r in by[c])
+                        + " |")
+    large = args.small * args.factor
+    text = "\n".join([
+        f"# Batch-size growth on digits ({args.ranks} ranks)", "",
+        f"Generated by `scripts/batch-study` ({args.ranks} ranks, Gloo, CPU, strategy "
+        f"`{args.strategy}`). Digits (scikit-learn), {args.n_train} training samples sharded "
+        f"over the ranks, {args.n_test} held-out test samples; MLP 64-128-64-10, SGD momentum "
+        f"0.9, {args.epochs} epochs, seeds {seeds}. Small global batch {args.small} (lr "
+        f"{args.lr}); large {large}; growth doubles the batch every {args.every} epochs up to "
+        f"{large} with a {args.warmup}-step linear LR warm-up after each growth; the fixed "
+        f"large batch warms up over its first {GOYAL_WARMUP_EPOCHS} epochs from lr {args.lr}. "
+        "Accuracy is the test accuracy after the last epoch; a communication round is one "
+        "optimizer step (one exchange of the gradients). The LR column shows the LR at the end "
+        "of the first and of the last epoch: a warm-up counted in steps may still be ramping "
+        "at the end (the largest batch makes few steps per epoch).", "",
+        "## Policies", "", *_table(main, by, base_acc, base_rounds), "",
+        "## Sweep around `growth` (warm-up steps `w`, growth period in epochs `e`)", "",
+        *_table(sweep, by, base_acc, base_rounds, {"adabatch": "adabatch (= growth-w0)"}),
+        "",
+        "## Final test accuracy (%) per seed", "", *per_seed, "",
+        f"Training time of all runs: {sum(r['seconds'] for r in results):.0f} s.", "",
+        "![accuracy vs epoch and vs communication rounds](batch_growth.png)", ""])
+    (out / "batch_growth.md").write_text(text)
+    (out / "batch_growth.json").write_text(json.dumps(
+        {"args": {k: v for k, v in vars(args).items() if k not in ("out", "from_json")},
+         "runs": results}, indent=1))
+    plot(by, main, out / "batch_growth.png")
+
+
+def plot(by: dict, configs: list[str], path: Path) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    configs = list(dict.fromkeys(r["config"] for r in results))
-    by = {c: [r for r in results if r["config"] == c] for c in configs}
-    final = {c: np.array([r["acc"][-1] for r in rs]) * 100 for c, rs in by.items()}
-    half = args.epochs // 2
-    mid = {c: np.array([r["acc"][half - 1] for r in rs]) * 100 for c, rs in by.items()}
-    base_acc, base_rounds = final["small"].mean(), by["small"][0]["rounds"]
-    rows = ["| config | global batch | LR | test accuracy % (mean ± std) | Δ vs small (points) "
-            "| communication rounds | fewer rounds than small "
-            f"| test accuracy % after epoch {half} |",
-            "|---|---|---|---|---|---|---|---|"]
-    for c in configs:
-        r0 = by[c][0]
-        batches = f"{r0['batch'][0]}" if r0["batch"][0] == r0["batch"][-1] else \
-            " → ".join(str(b) for b in dict.fromkeys(r0["batch"]))
-        lrs = f"{r0['lr'][0]:.3g}" if r0["lr"][0] == r0["lr"][-1] else \
-            f"{r0['lr'][0]:.3g} → {r0['lr'][-1]:.3g}"
-        rounds = sorted({r["rounds"] for r in by[c]})
-        rounds_s = "/".join(str(v) for v in rounds)
-        rows.append(f"| {c} | {batches} | {lrs} | {final[c].mean():.2f} ± {final[c].std():.2f} "
-                    f"| {final[c].mean() - base_acc:+.2f} | {rounds_s} "
-                    f"| {base_rounds / np.mean(rounds):.2f}x "
-                    f"| {mid[c].mean():.2f} ± {mid[c].std():.2f} |")
-    per_seed = ["| config | " + " | ".join(f"seed {r['seed']}" for r in by["small"]) + " |",
-                "|---|" + "---|" * len(by["small"])]
-    for c in configs:
-        per_seed.append(f"| {c} | " + " | ".join(f"{a:.2f}" for a in final[c]) + " |")
-    seconds = sum(r["seconds"] for r in results)
-    text = "\n".join([
-        "# Batch-size growth on digits (2 ranks)", "",
-        f"Generated by `scripts/batch-study` ({hvd.size()} ranks, Gloo, CPU). Digits "
-        f"(scikit-learn), {args.n_train} training samples sharded over the ranks, "
-        f"{args.n_test} held-out test samples; MLP 64-128-64-10, SGD momentum 0.9, "
-        f"{args.epochs} epochs, seeds {args.seeds}. Small global batch {args.small} "
-        f"(lr {args.lr}); large {args.small * args.factor}; growth doubles the batch every "
-        f"{args.every} epochs up to the large batch, with a {args.warmup}-step linear LR "
-        "warm-up after each growth. Accuracy is the test accuracy after the last epoch; a "
-        "communication round is one optimizer step (one gradient allreduce).", "",
-        *rows, "", "Final test accuracy (%) per seed:", "", *per_seed, "",
-        f"Training time of all runs: {seconds:.0f} s.", "",
-        "![accuracy and batch size vs epoch](batch_growth.png)", ""])
-    (out / "batch_growth.md").write_text(text)
-
-    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(7, 7), sharex=True,
-                                   gridspec_kw={"height_ratios": [3, 2]})
+    fig, (ax1, ax2, ax3) = plt.subplots(3, 1, figsize=(7, 10),
+                                        gridspec_kw={"height_ratios": [3, 3, 2]})
     for c in configs:
         acc = np.array([r["acc"] for r in by[c]]) * 100
         epochs = np.arange(1, acc.shape[1] + 1)
-        line, = ax1.plot(epochs, acc.mean(0), label=c)
+        line, = ax1.plot(epochs, acc.mean(0), label=f"{c} ({acc[:, -1].mean():.1f} %)")
         ax1.fill_between(epochs, acc.min(0), acc.max(0), color=line.get_color(), alpha=0.15)
-        ax2.step(epochs, by[c][0]["batch"], where="mid", color=line.get_color(), label=c)
-    ax1.set_ylabel("test accuracy % (mean, min-max over seeds)")
-    ax1.set_ylim(max(80.0, ax1.get_ylim()[0]), 100)
-    ax1.legend(loc="lower right")
-    ax1.grid(alpha=0.3)
-    ax2.set_yscale("log", base=2)
-    ax2.set_ylabel("global batch")
-    ax2.set_xlabel("epoch")
-    ax2.grid(alpha=0.3)
-    ax2.legend(loc="lower right", fontsize="small")
+        ax2.plot(by[c][0]["rounds_by_epoch"], acc.mean(0), marker=".", color=line.get_color(),
+                 label=c)
+        ax3.step(epochs, by[c][0]["batch"], where="mid", color=line.get_color(), label=c)
+    for ax in (ax1, ax2):
+        ax.set_ylabel("test accuracy %")
+        ax.set_ylim(85, 100)
+        ax.grid(alpha=0.3)
+    ax1.set_xlabel("epoch (mean; band: min-max over seeds; legend: final accuracy)")
+    ax1.legend(loc="lower right", fontsize="small")
+    ax2.set_xscale("log")
+    ax2.set_xlabel("communication rounds (optimizer steps), log scale")
+    ax3.set_yscale("log", base=2)
+    ax3.set_ylabel("global batch")
+    ax3.set_xlabel("epoch")
+    ax3.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(out / "batch_growth.png", dpi=110)
+    fig.savefig(path, dpi=100)
 
 
 def main() -> None:
@@ -158,14 +238,28 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     ap.add_argument("--epochs", type=int, default=24)
     ap.add_argument("--small", type=int, default=32, help="small global batch")
-    ap.add_argument("--factor", type=int, default=8, help="large batch = small x factor")
+    ap.add_argument("--factor", type=int, default=16, help="large batch = small x factor")
     ap.add_argument("--lr", type=float, default=0.04, help="lr at the small batch")
     ap.add_argument("--every", type=int, default=3, help="growth period (epochs)")
-    ap.add_argument("--warmup", type=int, default=20, help="warm-up steps after a growth")
-    ap.add_argument("--configs", nargs="+",
-                    default=["small", "large", "large-none", "growth-linear", "growth-sqrt",
-                             "growth-none"])
+    ap.add_argument("--warmup", type=int, default=50, help="warm-up steps after a growth")
+    ap.add_argument("--strategy", default="hybrid",
+                    help="plugin strategy, or 'stock' for hvd.DistributedOptimizer")
+    ap.add_argument("--configs", nargs="+", default=POLICIES + SWEEP)
+    ap.add_argument("--quick", action="store_true",
+                    help="the tests' variant: 1 seed, 4 epochs, small/large/growth every epoch")
+    ap.add_argument("--from-json", help="redraw the report from a batch_growth.json (no runs)")
     args = ap.parse_args()
+    if args.from_json:
+        saved = json.loads(Path(args.from_json).read_text())
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        report(saved["runs"], argparse.Namespace(**saved["args"]), out)
+        print((out / "batch_growth.md").read_text())
+        return
+    args.ranks = hvd.size()
+    if args.quick:
+        args.seeds, args.epochs, args.every = [1], 4, 1
+        args.configs = ["small", "large", "growth"]
     data = load()
     args.n_train, args.n_test = len(data[0]), len(data[1])
     results = []
@@ -174,8 +268,9 @@ def main() -> None:
             r = run(name, seed, data, args)
             results.append(r)
             if hvd.rank() == 0:
-                print(json.dumps({k: r[k] for k in ("config", "seed", "rounds", "seconds")}
-                                 | {"acc": round(r["acc"][-1], 4)}), flush=True)
+                print(json.dumps({k: r[k] for k in ("config", "seed", "rounds", "batch")}
+                                 | {"acc": round(r["acc"][-1], 4),
+                                    "seconds": round(r["seconds"], 1)}), flush=True)
     if hvd.rank() == 0 and "small" in args.configs:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)

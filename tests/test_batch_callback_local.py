@@ -47,8 +47,9 @@ def test_logs_growth_epoch_lr_and_steps(tmp_path):
     count = tf.keras.callbacks.LambdaCallback(
         on_epoch_end=lambda e, logs: steps.append(int(model.optimizer.iterations.numpy())))
     log = tmp_path / "log.csv"
+    board = tf.keras.callbacks.TensorBoard(str(tmp_path / "tb"), update_freq="epoch")
     history = fit_with_growth(model, x, y, scheduler=sched, epochs=6, shuffle=False,
-                              callbacks=[count, tf.keras.callbacks.CSVLogger(str(log))])
+                              callbacks=[count, tf.keras.callbacks.CSVLogger(str(log)), board])
     h = history.history
     assert history.epoch == [0, 1, 2, 3, 4, 5]
     assert h["batch_size"] == [8, 8, 16, 16, 32, 32]
@@ -60,6 +61,17 @@ def test_logs_growth_epoch_lr_and_steps(tmp_path):
     rows = list(csv.DictReader(log.open()))  # one CSV for the whole run, not one per fit
     assert [int(r["batch_size"]) for r in rows] == h["batch_size"]
     assert [float(r["lr"]) for r in rows] == pytest.approx(h["lr"])
+    # TensorBoard: one run, one epoch_batch_size / epoch_lr point per epoch
+    scalars: dict[str, list[tuple[int, float]]] = {}
+    for f in sorted((tmp_path / "tb" / "train").glob("events.out.tfevents.*")):
+        for event in tf.compat.v1.train.summary_iterator(str(f)):
+            for v in event.summary.value:
+                if v.tag.startswith("epoch_"):
+                    value = float(tf.make_ndarray(v.tensor))
+                    scalars.setdefault(v.tag, []).append((event.step, value))
+    assert [s for s, _ in scalars["epoch_batch_size"]] == list(range(6))
+    assert [v for _, v in scalars["epoch_batch_size"]] == h["batch_size"]
+    assert [v for _, v in scalars["epoch_lr"]] == pytest.approx(h["lr"])
 
 
 def test_warmup_sets_lr_per_step():

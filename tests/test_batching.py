@@ -111,6 +111,18 @@ def test_warmup_ramps_from_old_to_new_lr_after_each_growth():
     assert p2.lr == pytest.approx(0.175 + (0.4 - 0.175) / 4)
 
 
+def test_start_lr_warms_up_a_large_initial_batch_then_holds():
+    p = BatchGrowth(None, initial_batch=256, base_lr=0.32, warmup_steps=4, start_lr=0.04)
+    lrs = []
+    for _ in range(6):
+        lrs.append(p.lr)
+        p.step()
+    assert lrs == pytest.approx([0.11, 0.18, 0.25, 0.32, 0.32, 0.32])
+    assert p.end_epoch(0) is None and p.lr == pytest.approx(0.32)
+    with pytest.raises(ValueError, match="warmup_steps > 0"):
+        BatchGrowth(None, initial_batch=8, base_lr=0.1, start_lr=0.01)
+
+
 def test_state_round_trip_resumes_exactly():
     def make():
         return BatchGrowth(Plateau(patience=2, min_delta=0.01, cooldown=1), initial_batch=8,

@@ -244,7 +244,7 @@ def test_simulate_command_json_and_plot(tmp_path):
     assert res.exit_code == 0, res.output
     results = json.loads(out.read_text())["profiles"]["resnet50"]["results"]
     assert {(r["ranks"], r["strategy"]) for r in results} == \
-        {(p, s) for p in (2, 512) for s in STRATEGIES}
+        {(p, s) for p in (2, 512) for s in (*STRATEGIES, "auto")}
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     bad = CliRunner().invoke(main, ["simulate", "no-such-profile"])
     assert bad.exit_code != 0 and "shipped" in bad.output

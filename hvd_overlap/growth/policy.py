@@ -204,11 +204,15 @@ class BatchGrowth:
         max_per_rank_batch: per-rank memory ceiling; beyond it, gradient accumulation.
         max_global_batch: growth never goes beyond this (the last step is clipped to it);
             a multiple of ``num_ranks``.
+        start_lr: if given, the run also begins with a warm-up: the first ``warmup_steps``
+            steps ramp linearly from ``start_lr`` to ``base_lr`` (Goyal et al.'s gradual
+            warm-up for a large initial batch, e.g. ``start_lr = base_lr / k``).
     """
 
     def __init__(self, trigger: Trigger | None, *, initial_batch: int, base_lr: float,
                  num_ranks: int = 1, lr_scaling: str = "linear", warmup_steps: int = 0,
-                 max_per_rank_batch: int | None = None, max_global_batch: int | None = None):
+                 max_per_rank_batch: int | None = None, max_global_batch: int | None = None,
+                 start_lr: float | None = None):
         if num_ranks < 1:
             raise ValueError(f"num_ranks must be >= 1, got {num_ranks}")
         if initial_batch < 1 or initial_batch % num_ranks:
@@ -222,6 +226,9 @@ class BatchGrowth:
             raise ValueError(f"base_lr must be > 0, got {base_lr}")
         if warmup_steps < 0:
             raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}")
+        if start_lr is not None and not (start_lr > 0 and warmup_steps > 0):
+            raise ValueError(f"start_lr={start_lr} needs start_lr > 0 and warmup_steps > 0 "
+                             "(the number of steps of the initial ramp to base_lr)")
         if max_per_rank_batch is not None and max_per_rank_batch < 1:
             raise ValueError(f"max_per_rank_batch must be >= 1, got {max_per_rank_batch}")
         if max_global_batch is not None:
@@ -242,6 +249,8 @@ class BatchGrowth:
         self.steps = 0                # optimizer steps seen (all epochs)
         self.lr_from = self.lr_to = self.base_lr
         self.warmup_pos = warmup_steps  # steps done in the current ramp (complete at start)
+        if start_lr is not None:        # ... unless the run starts with a warm-up
+            self.lr_from, self.warmup_pos = float(start_lr), 0
         self.events: list[Growth] = []
 
     # -- derived quantities -----------------------------------------------------------------

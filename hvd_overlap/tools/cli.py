@@ -222,7 +222,8 @@ def profile(model_spec: str, batch_size: int, device_tflops: float | None, image
 @click.option("--bandwidth", default="25gbit", show_default=True,
               help="per-rank link: 10gbit, 100gbit, or bytes/s")
 @click.option("--latency", default="10us", show_default=True, help="per ring hop")
-@click.option("--strategies", default=",".join(SIM_STRATEGIES), show_default=True)
+@click.option("--strategies", default=",".join(SIM_STRATEGIES + ("auto",)), show_default=True,
+              help="'auto': the fastest predicted whole-state plan (hvd-overlap auto-grid)")
 @click.option("--cycle-ms", type=float, default=1.0, show_default=True,
               help="HOROVOD_CYCLE_TIME")
 @click.option("--negotiation-ms", type=float,
@@ -265,9 +266,10 @@ def simulate(profile_paths: tuple[str, ...], np_: str, bandwidth: str, latency: 
     `hvd-overlap simulate --validate docs/bench_*.json`.
     """
     import json
+    from dataclasses import replace
     from pathlib import Path
 
-    from hvd_overlap.tools import scaling
+    from hvd_overlap.tools import autoplan, scaling
     from hvd_overlap.tools import simulate as sim
 
     if validate:
@@ -300,12 +302,12 @@ def simulate(profile_paths: tuple[str, ...], np_: str, bandwidth: str, latency: 
             comm_slowdown=comm_slowdown, fusion_bytes=int(fusion_mb * 2**20),
             bucket_bytes=int(bucket_mb * 2**20))
         names = [s.strip() for s in strategies.split(",") if s.strip()]
-        unknown = [s for s in names if s not in sim.STRATEGIES]
+        unknown = [s for s in names if s not in sim.STRATEGIES + ("auto",)]
         if unknown or not names:
             raise ValueError(f"--strategies {','.join(unknown) or '(empty)'}: choose from "
-                             f"{', '.join(sim.STRATEGIES)}")
+                             f"{', '.join(sim.STRATEGIES)}, auto")
         ranks = scaling.parse_ranks(np_)
-        runs = {}
+        runs, choices = {}, {}
         for path in profile_paths:
             prof = sim.load_profile(path)
             if device_tflops is not None:
@@ -313,7 +315,14 @@ def simulate(profile_paths: tuple[str, ...], np_: str, bandwidth: str, latency: 
                     raise ValueError(f"{path}: --device-tflops re-times FLOPs profiles only "
                                      "(`hvd-overlap profile --device-tflops`)")
                 prof = prof.scaled(prof.meta["device_tflops"] / device_tflops)
-            runs[path] = (prof, sim.sweep(prof, cluster, ranks, names, defer))
+            results = sim.sweep(prof, cluster, ranks, [n for n in names if n != "auto"], defer)
+            if "auto" in names:
+                choices[path] = autoplan.sweep(prof, cluster, ranks)
+                autos = {c.result.ranks: replace(c.result, strategy="auto")
+                         for c in choices[path]}
+                results = sorted(results + list(autos.values()),
+                                 key=lambda r: (ranks.index(r.ranks), r.strategy == "auto"))
+            runs[path] = (prof, results)
     except (ValueError, FileNotFoundError) as e:
         raise click.UsageError(str(e)) from None
     click.echo(f"link {bandwidth}/rank, latency {latency}/hop, cycle {cycle_ms} ms, fusion "
@@ -321,11 +330,13 @@ def simulate(profile_paths: tuple[str, ...], np_: str, bandwidth: str, latency: 
                f"{negotiation_growth}(P), {cluster.tensor_s * 1e6:.0f} us/tensor, cpu steal "
                f"{cpu_steal}, comm slowdown {comm_slowdown}"
                + ("" if defer is None else f", defer {defer}"))
-    for prof, results in runs.values():
+    for path, (prof, results) in runs.items():
         click.echo(f"\n{prof.model}: batch {prof.batch_size}/rank, "
                    f"{prof.grad_bytes / 2**20:.1f} MiB of gradients, compute "
                    f"{prof.compute_s * 1e3:.1f} ms/step")
         click.echo(scaling.format_results(results))
+        for c in choices.get(path, []):
+            click.echo(f"auto at {c.result.ranks} ranks: {c.reason()}")
     titles = {p: f"{prof.model} (b{prof.batch_size}), {bandwidth}"
               for p, (prof, _) in runs.items()}
     if md_path:
@@ -335,11 +346,45 @@ def simulate(profile_paths: tuple[str, ...], np_: str, bandwidth: str, latency: 
         Path(json_path).write_text(json.dumps(
             {"cluster": cluster.__dict__, "profiles": {
                 p: {"model": prof.model, "batch_size": prof.batch_size,
-                    "compute_s": prof.compute_s, "results": [r.to_dict() for r in results]}
+                    "compute_s": prof.compute_s, "results": [r.to_dict() for r in results],
+                    "auto": [{"ranks": c.result.ranks, **c.best.keywords(),
+                              "speedup_vs_stock": c.speedup} for c in choices.get(p, [])]}
                 for p, (prof, results) in runs.items()}}, indent=1))
     if plot_path:
         scaling.plot_scaling(plot_path, {titles[p]: res for p, (_, res) in runs.items()},
                              dict(zip(titles.values(), published, strict=False)))
+
+
+@main.command("auto-grid")
+@click.argument("profile_paths", nargs=-1)
+@click.option("--np", "np_", default="2-512", show_default=True, help="rank counts")
+@click.option("--bandwidth", "bandwidths", default="1gbit,10gbit,25gbit,100gbit",
+              show_default=True, help="per-rank link rates, comma-separated")
+@click.option("--latency", "latencies", default="2us,10us,50us", show_default=True,
+              help="per-hop latencies, comma-separated")
+@click.option("--markdown", "md_path", type=click.Path(dir_okay=False),
+              help="also write the summary table here")
+def auto_grid(profile_paths: tuple[str, ...], np_: str, bandwidths: str, latencies: str,
+              md_path: str | None) -> None:
+    """What strategy="auto" would choose over a grid of clusters, and its predicted speedup
+    over stock Horovod (default PROFILEs: vgg16, resnet50, resnet101)."""
+    from pathlib import Path
+
+    from hvd_overlap.tools import autoplan, scaling
+    from hvd_overlap.tools import simulate as sim
+
+    names = profile_paths or ("vgg16", "resnet50", "resnet101")
+    try:
+        profiles = {n: sim.load_profile(n) for n in names}
+        points = autoplan.grid(
+            profiles, scaling.parse_ranks(np_), bandwidths.split(","), latencies.split(","),
+            lambda p, bw, lat: scaling.cluster_from_options(p, bw, lat))
+    except (ValueError, FileNotFoundError) as e:
+        raise click.UsageError(str(e)) from None
+    table = autoplan.grid_markdown(points)
+    click.echo(table)
+    if md_path:
+        Path(md_path).write_text(table)
 
 
 @main.command()

@@ -121,3 +121,26 @@ def test_accumulation_on_two_ranks_equals_one_big_batch():
     assert results[0][2] == results[1][2] == [8, 8]  # same number of collectives
     np.testing.assert_allclose(flat[1], flat[0], rtol=1e-5, atol=1e-6)
     assert all(np.array_equal(g[1], gathered_flat[0][1]) for g in gathered_flat)
+
+
+@pytest.mark.parametrize("strategy", ["hybrid", "sharded"])
+def test_growth_under_a_plugin_strategy_equals_stock_weights(strategy):
+    """The study's set-up: the batch doubles, the lr ramps per step, the plugin defers or shards
+    the update (OverlapCallback), and the weights stay those of stock Horovod."""
+    x, y = global_data(256, seed=3)
+
+    def run(opt, callbacks):
+        m = model(opt)
+        policy = BatchGrowth(Milestones({1: 2, 2: 2}), initial_batch=16, base_lr=0.05,
+                             num_ranks=hvd.size(), warmup_steps=3)
+        h = fit_with_growth(m, x, y, scheduler=BatchSizeScheduler(policy), epochs=3, seed=4,
+                            callbacks=[*callbacks,
+                                       hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+        return np.concatenate([w.ravel() for w in m.get_weights()]), h.history["batch_size"]
+
+    ref, ref_batches = run(hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.05, momentum=0.9)),
+                           [])
+    got, batches = run(hvdo.DistributedOptimizer(tf.keras.optimizers.SGD(0.05, momentum=0.9),
+                                                 strategy=strategy), [hvdo.OverlapCallback()])
+    assert batches == ref_batches == [16, 32, 64]
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)

@@ -1,0 +1,172 @@
+"""The plan ``strategy="auto"`` would choose: every candidate the simulator can predict, fastest
+first (issue 15, the model half; the run-time choice and its online check are not built yet).
+
+Candidates keep the optimizer state whole: stock Horovod's own fusion (``horovod``),
+``layerwise``, ``hybrid`` and ``deferred``, each at several bucket sizes, and ``hybrid`` at
+several split points. Stock's path is always a candidate, so the predicted step of the choice is
+never longer than stock's; the margin says by how much it is shorter.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+
+from hvd_overlap.core.plan import build_layerwise_plan
+from hvd_overlap.tools.simulate import Cluster, Profile, StepResult, _specs, simulate
+
+MIB = 2**20
+#: bucket byte budgets tried for the plan-based candidates
+BUCKET_SIZES = (1 * MIB, 4 * MIB, 16 * MIB, 64 * MIB, 256 * MIB)
+WHOLE_STATE = ("horovod", "layerwise", "hybrid", "deferred")
+#: shares of the gradient bytes ``hybrid`` candidates defer into the next forward
+SPLITS = (0.25, 0.5, 0.75)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A strategy with the keywords that shape its plan."""
+
+    strategy: str
+    bucket_bytes: int = 0       # 0: not used (horovod fuses by readiness)
+    defer: int | None = None    # hybrid: input-side buckets deferred (None: half the bytes)
+
+    def describe(self) -> str:
+        if self.strategy == "horovod":
+            return "horovod (stock fusion)"
+        text = f"{self.strategy}, {self.bucket_bytes / MIB:g} MiB buckets"
+        return text + (f", defer {self.defer}" if self.defer is not None else "")
+
+    def keywords(self) -> dict[str, object]:
+        """``DistributedOptimizer`` keywords that build this plan."""
+        kw: dict[str, object] = {"strategy": self.strategy}
+        if self.strategy != "horovod":
+            kw["bucket_bytes"] = self.bucket_bytes
+        if self.defer is not None:
+            kw["defer"] = self.defer
+        return kw
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The fastest candidate, stock's prediction, and every candidate ranked."""
+
+    best: Candidate
+    result: StepResult
+    stock: StepResult
+    ranking: tuple[tuple[Candidate, StepResult], ...]
+
+    @property
+    def speedup(self) -> float:
+        """Predicted stock step / chosen step (>= 1)."""
+        return self.stock.step_s / self.result.step_s
+
+    def reason(self) -> str:
+        return (f"{self.best.describe()}: predicted efficiency {self.result.efficiency:.2f} vs "
+                f"stock {self.stock.efficiency:.2f} ({self.speedup:.2f}x)")
+
+
+def splits(nbytes: Sequence[int], fractions: Sequence[float] = SPLITS) -> list[int]:
+    """Hybrid split points: for each fraction, how many input-side buckets hold at most that
+    share of the bytes (at least one, never all). ``nbytes``: per bucket, backward order."""
+    total, out = sum(nbytes), []
+    for frac in fractions:
+        deferred, acc = 0, 0
+        for b in reversed(nbytes):
+            if acc + b > frac * total:
+                break
+            acc += b
+            deferred += 1
+        out.append(min(max(deferred, 1), len(nbytes) - 1))
+    return sorted(set(d for d in out if d > 0))
+
+
+def candidates(profile: Profile, bucket_sizes: Sequence[int] = BUCKET_SIZES,
+               strategies: Iterable[str] = WHOLE_STATE) -> list[Candidate]:
+    """Every candidate for this profile: ``hybrid`` at each bucket size and split (a quarter,
+    half, three quarters of the bytes deferred), the others at each bucket size."""
+    specs = _specs(profile)
+    out: list[Candidate] = []
+    for name in strategies:
+        if name == "horovod":
+            out.append(Candidate("horovod"))
+            continue
+        for size in bucket_sizes:
+            if name != "hybrid":
+                out.append(Candidate(name, size))
+                continue
+            nbytes = [b.nbytes for b in build_layerwise_plan(specs, size).buckets] if specs else []
+            out.extend(Candidate(name, size, d) for d in splits(nbytes))
+    return list(dict.fromkeys(out))
+
+
+def predict(profile: Profile, cluster: Cluster, candidate: Candidate) -> StepResult:
+    """The simulator's step for one candidate."""
+    sized = replace(cluster, bucket_bytes=candidate.bucket_bytes or cluster.bucket_bytes)
+    return simulate(profile, candidate.strategy, sized, candidate.defer)
+
+
+#: a plan other than stock's is chosen only if predicted faster by more than this share
+MIN_GAIN = 1e-3
+
+
+def choose(profile: Profile, cluster: Cluster,
+           options: Sequence[Candidate] | None = None) -> Choice:
+    """The candidate with the shortest predicted step; stock's path unless another one is
+    predicted faster by more than ``MIN_GAIN`` (ties and rounding keep stock)."""
+    stock_c = Candidate("horovod")
+    pool = [stock_c] + [c for c in (options if options is not None else candidates(profile))
+                        if c != stock_c]
+    ranked = sorted(((c, predict(profile, cluster, c)) for c in pool),
+                    key=lambda cr: cr[1].step_s)
+    stock = next(r for c, r in ranked if c == stock_c)
+    best, result = ranked[0]
+    if result.step_s > stock.step_s * (1 - MIN_GAIN):
+        best, result = stock_c, stock
+    return Choice(best, result, stock, tuple(ranked))
+
+
+def sweep(profile: Profile, cluster: Cluster, ranks: Sequence[int]) -> list[Choice]:
+    """``choose`` at every rank count."""
+    return [choose(profile, replace(cluster, ranks=p)) for p in ranks]
+
+
+@dataclass(frozen=True)
+class GridPoint:
+    """One cluster of a grid and what auto chose there."""
+
+    model: str
+    ranks: int
+    bandwidth: str
+    latency: str
+    choice: Choice
+
+
+def grid(profiles: dict[str, Profile], ranks: Sequence[int], bandwidths: Sequence[str],
+         latencies: Sequence[str], make_cluster) -> list[GridPoint]:
+    """Auto's choice at every (profile, ranks, bandwidth, latency);
+    ``make_cluster(ranks, bandwidth, latency)`` builds the cluster."""
+    return [GridPoint(name, p, bw, lat, choose(prof, make_cluster(p, bw, lat)))
+            for name, prof in profiles.items() for bw in bandwidths for lat in latencies
+            for p in ranks]
+
+
+def grid_markdown(points: Sequence[GridPoint]) -> str:
+    """Per model: auto's predicted speedup over stock (min / median / max), how often it keeps
+    stock's path, and the strategies it picks."""
+    import numpy as np
+
+    lines = ["| model | clusters | auto / stock: min | median | max | keeps stock | picks |",
+             "|---|---|---|---|---|---|---|"]
+    for model in dict.fromkeys(pt.model for pt in points):
+        mine = [pt for pt in points if pt.model == model]
+        speed = np.array([pt.choice.speedup for pt in mine])
+        picks: dict[str, int] = {}
+        for pt in mine:
+            picks[pt.choice.best.strategy] = picks.get(pt.choice.best.strategy, 0) + 1
+        stock = picks.get("horovod", 0)
+        lines.append(f"| {model} | {len(mine)} | {speed.min():.3f}x | {np.median(speed):.3f}x "
+                     f"| {speed.max():.2f}x | {stock} of {len(mine)} | "
+                     + ", ".join(f"{k} {v}" for k, v in sorted(picks.items(),
+                                                                key=lambda kv: -kv[1])) + " |")
+    return "\n".join(lines) + "\n"

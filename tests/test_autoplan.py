@@ -1,0 +1,85 @@
+"""What strategy="auto" would choose (the model half of issue 15): the fastest predicted
+whole-state plan, never predicted slower than stock Horovod, over a grid and in the CLI."""
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from hvd_overlap.tools import autoplan
+from hvd_overlap.tools.autoplan import Candidate, choose, splits
+from hvd_overlap.tools.cli import main
+from hvd_overlap.tools.scaling import cluster_from_options
+from hvd_overlap.tools.simulate import Cluster, Layer, Profile, load_profile, simulate
+
+MIB = 2**20
+# six 8 MiB layers; 1 GiB/s: an 8 MiB allreduce at P=2 takes ~8 ms, each layer computes 3+6 ms
+SIX = Profile("six", 32, tuple(Layer(f"l{i}", 0.003, 0.006, 8 * MIB, tensors=2)
+                               for i in range(6)))
+
+
+def test_splits_defer_a_quarter_half_three_quarters_of_the_bytes():
+    assert splits([1] * 8) == [2, 4, 6]
+    assert splits([10, 1]) == [1]           # never all, at least one
+    assert splits([5]) == []                # one bucket: nothing to split
+
+
+def test_candidates_cover_every_whole_state_strategy_and_no_sharded_one():
+    cands = autoplan.candidates(SIX, bucket_sizes=(8 * MIB, 64 * MIB))
+    names = {c.strategy for c in cands}
+    assert names == {"horovod", "layerwise", "hybrid", "deferred"}
+    assert cands.count(Candidate("horovod")) == 1
+    assert Candidate("hybrid", 8 * MIB, 3) in cands   # half of six buckets
+    assert len(cands) == len(set(cands))
+    assert Candidate("hybrid", 8 * MIB, 3).keywords() == {
+        "strategy": "hybrid", "bucket_bytes": 8 * MIB, "defer": 3}
+
+
+def test_choice_is_the_fastest_candidate_and_never_slower_than_stock():
+    cl = Cluster(ranks=8, bandwidth=1e9, latency=20e-6, negotiation_s=5e-4, tensor_s=1e-4)
+    ch = choose(SIX, cl)
+    steps = [r.step_s for _, r in ch.ranking]
+    assert steps == sorted(steps) and ch.result.step_s == steps[0] and ch.speedup > 1.001
+    assert ch.stock.step_s == pytest.approx(simulate(SIX, "horovod", cl).step_s)
+    assert ch.speedup >= 1.0
+    best = autoplan.predict(SIX, cl, ch.best)
+    assert best.step_s == pytest.approx(ch.result.step_s)
+    assert "vs stock" in ch.reason()
+
+
+def test_a_tie_keeps_stock():
+    # one layer, nothing to overlap: every plan sends the same single collective
+    one = Profile("one", 1, (Layer("a", 0.001, 0.002, MIB, tensors=1),))
+    ch = choose(one, Cluster(ranks=2, bandwidth=1e9, cycle_s=0.0),
+                [Candidate("layerwise", MIB), Candidate("horovod")])
+    assert ch.best == Candidate("horovod") and ch.speedup == pytest.approx(1.0)
+
+
+def test_grid_over_shipped_profiles_never_below_stock():
+    points = autoplan.grid({"vgg16": load_profile("vgg16")}, [2, 64, 512], ["1gbit", "25gbit"],
+                           ["10us"], cluster_from_options)
+    assert len(points) == 6
+    assert all(pt.choice.speedup >= 1.0 for pt in points)
+    table = autoplan.grid_markdown(points)
+    assert table.splitlines()[2].startswith("| vgg16 | 6 | ")
+
+
+def test_simulate_command_shows_what_auto_chooses(tmp_path):
+    out = tmp_path / "sim.json"
+    result = CliRunner().invoke(main, ["simulate", "vgg16", "--np", "8", "--bandwidth", "10gbit",
+                                       "--strategies", "horovod,auto", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "auto at 8 ranks:" in result.output
+    data = json.loads(out.read_text())["profiles"]["vgg16"]
+    rows = {r["strategy"]: r for r in data["results"]}
+    assert rows["auto"]["step_s"] <= rows["horovod"]["step_s"]
+    assert data["auto"][0]["ranks"] == 8 and data["auto"][0]["speedup_vs_stock"] >= 1.0
+
+
+def test_auto_grid_command(tmp_path):
+    md = tmp_path / "grid.md"
+    result = CliRunner().invoke(main, ["auto-grid", "vgg16", "--np", "2,8", "--bandwidth",
+                                       "10gbit", "--latency", "10us", "--markdown", str(md)])
+    assert result.exit_code == 0, result.output
+    assert md.read_text() == result.output.rstrip("\n") + "\n"
+    assert "| vgg16 | 2 |" in md.read_text()

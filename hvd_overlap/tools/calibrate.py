@@ -175,7 +175,12 @@ def fit(short: dict[str, Any], default: dict[str, Any]) -> dict[str, float]:
 def _launch(net: str, cycle_ms: float | None, timeout: float, net_model: str) -> dict[str, Any]:
     """One 2-rank measurement on ``net``: this machine's loopback, one shaped loopback, or two
     emulated hosts (``net_model``), as the benchmark runs them."""
-    from hvd_overlap.tools.bench.launch import ENV_DEFAULTS, BenchError, run_logged
+    from hvd_overlap.tools.bench.launch import (
+        ENV_DEFAULTS,
+        BenchError,
+        horovodrun_command,
+        run_logged,
+    )
     from hvd_overlap.tools.hostrun import run_on_hosts
     from hvd_overlap.tools.netns import (
         HOSTS,
@@ -198,21 +203,10 @@ def _launch(net: str, cycle_ms: float | None, timeout: float, net_model: str) ->
                 code = run_on_hosts(worker, hosts, timeout=timeout, on_line=log.write,
                                     env={**os.environ, **env})
         else:
-            horovodrun = Path(sys.executable).with_name("horovodrun")
-            cmd = [str(horovodrun) if horovodrun.exists() else "horovodrun", "-np", "2",
-                   "-H", "localhost:2", "--gloo", *worker]
+            cmd = horovodrun_command(2, worker)
             if rate is not None:
                 cmd = exec_prefix(stack.enter_context(shaped_namespace(rate))) + cmd
-            saved = {k: os.environ.get(k) for k in env}
-            os.environ.update(env)
-            try:
-                code = run_logged(cmd, tmp / "log", timeout, lambda _line: None)
-            finally:
-                for k, v in saved.items():
-                    if v is None:
-                        os.environ.pop(k, None)
-                    else:
-                        os.environ[k] = v
+            code = run_logged(cmd, tmp / "log", timeout, lambda _line: None, env=env)
         out = tmp / "out.json"
         if code != 0 or not out.exists():
             tail = "\n".join((tmp / "log").read_text().splitlines()[-20:])

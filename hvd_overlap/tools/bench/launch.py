@@ -55,11 +55,11 @@ def under_horovodrun() -> bool:
     return "HOROVOD_RANK" in os.environ
 
 
-def horovodrun_command(np: int, job_path: str, out_path: str) -> list[str]:
-    """The ``horovodrun`` command line that runs the worker on ``np`` local ranks."""
+def horovodrun_command(np: int, argv: list[str]) -> list[str]:
+    """The ``horovodrun`` command line that runs ``argv`` on ``np`` local ranks (Gloo)."""
     horovodrun = Path(sys.executable).with_name("horovodrun")
     return [str(horovodrun) if horovodrun.exists() else "horovodrun",
-            "-np", str(np), "-H", f"localhost:{np}", "--gloo", *worker_command(job_path, out_path)]
+            "-np", str(np), "-H", f"localhost:{np}", "--gloo", *argv]
 
 
 def worker_command(job_path: str, out_path: str) -> list[str]:
@@ -85,18 +85,21 @@ def _progress_filter(log, on_progress: Callable[[str], None]) -> Callable[[str],
     return write
 
 
-def _environment() -> dict[str, str]:
-    return {**{k: v for k, v in ENV_DEFAULTS.items() if k not in os.environ}, **os.environ}
+def _environment(overrides: dict[str, str] | None = None) -> dict[str, str]:
+    """This process's environment, ``ENV_DEFAULTS`` where it sets nothing, then ``overrides``."""
+    env = {**{k: v for k, v in ENV_DEFAULTS.items() if k not in os.environ}, **os.environ}
+    return {**env, **(overrides or {})}
 
 
 def run_logged(cmd: list[str], log_path: Path, timeout: float,
-               on_progress: Callable[[str], None]) -> int:
-    """Run ``cmd`` in its own session, all output to ``log_path``; rank 0's progress lines go
-    to ``on_progress``. Returns the exit code (-9/-15 if killed at ``timeout`` seconds)."""
+               on_progress: Callable[[str], None], env: dict[str, str] | None = None) -> int:
+    """Run ``cmd`` in its own session (environment: ``_environment(env)``), all output to
+    ``log_path``; rank 0's progress lines go to ``on_progress``. Returns the exit code (-9/-15
+    if killed at ``timeout`` seconds)."""
     with open(log_path, "a", buffering=1) as log:
         write = _progress_filter(log, on_progress)
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                env=_environment(), start_new_session=True)
+                                env=_environment(env), start_new_session=True)
         watchdog = threading.Timer(timeout, stop_all, [[proc]])
         watchdog.start()
         try:
@@ -121,7 +124,7 @@ def _launch(cfg: BenchConfig, job: Job, tmp: Path, network: str | Hosts | None,
                                 timeout=cfg.timeout, on_line=_progress_filter(f, on_progress),
                                 pin=cfg.pin, env=_environment())
     else:
-        cmd = horovodrun_command(cfg.np, str(job_path), str(out))
+        cmd = horovodrun_command(cfg.np, worker_command(str(job_path), str(out)))
         code = run_logged(cmd if network is None else exec_prefix(network) + cmd, log,
                           cfg.timeout, on_progress)
     if code != 0 or not out.exists():

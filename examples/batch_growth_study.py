@@ -96,7 +96,7 @@ def policy(name: str, args: argparse.Namespace) -> BatchGrowth:
         return BatchGrowth(None, **common)
     if name in ("large", "large-sqrt"):
         scale = args.factor if name == "large" else args.factor ** 0.5
-        warmup = GOYAL_WARMUP_EPOCHS * (args.n_train // large)
+        warmup = GOYAL_WARMUP_EPOCHS * max(1, args.n_train // large)
         return BatchGrowth(None, num_ranks=hvd.size(), initial_batch=large,
                            base_lr=args.lr * scale, warmup_steps=warmup, start_lr=args.lr)
     if name in ("adabatch", "smith") or name.startswith("growth"):

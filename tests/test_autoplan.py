@@ -83,3 +83,26 @@ def test_auto_grid_command(tmp_path):
     assert result.exit_code == 0, result.output
     assert md.read_text() == result.output.rstrip("\n") + "\n"
     assert "| vgg16 | 2 |" in md.read_text()
+
+
+def test_sharded_family_picks_the_fastest_sharded_plan_even_when_stock_is_faster():
+    cl = Cluster(ranks=8, bandwidth=1e9, latency=20e-6, negotiation_s=5e-4, tensor_s=1e-4)
+    ch = choose(SIX, cl, family="sharded")
+    assert ch.best.strategy in ("sharded", "sharded_hybrid")
+    assert all(c.strategy in ("sharded", "sharded_hybrid") for c, _ in ch.ranking)
+    assert ch.result.step_s == min(r.step_s for _, r in ch.ranking)
+    assert ch.stock.step_s == pytest.approx(simulate(SIX, "horovod", cl).step_s)
+    slow = Cluster(ranks=8, bandwidth=1e9, reduce_scatter_bandwidth=1e7)  # sharding loses
+    assert choose(SIX, slow, family="sharded").speedup < 1.0
+    assert choose(SIX, slow).speedup >= 1.0
+    with pytest.raises(ValueError, match="family"):
+        choose(SIX, cl, family="nope")
+
+
+def test_simulate_shows_auto_sharded(tmp_path):
+    result = CliRunner().invoke(main, ["simulate", "vgg16", "--np", "8", "--bandwidth", "10gbit",
+                                       "--strategies", "horovod,auto,auto_sharded"])
+    assert result.exit_code == 0, result.output
+    assert "auto at 8 ranks:" in result.output
+    line = next(ln for ln in result.output.splitlines() if ln.startswith("auto_sharded at 8"))
+    assert "sharded" in line.split(":", 1)[1]

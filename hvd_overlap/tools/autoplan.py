@@ -1,10 +1,13 @@
 """The plan ``strategy="auto"`` would choose: every candidate the simulator can predict, fastest
 first (issue 15, the model half; the run-time choice and its online check are not built yet).
 
-Candidates keep the optimizer state whole: stock Horovod's own fusion (``horovod``),
-``layerwise``, ``hybrid`` and ``deferred``, each at several bucket sizes, and ``hybrid`` at
-several split points. Stock's path is always a candidate, so the predicted step of the choice is
-never longer than stock's; the margin says by how much it is shorter.
+Family ``whole`` (``strategy="auto"``): plans that keep the optimizer state whole -- stock
+Horovod's own fusion (``horovod``), ``layerwise``, ``hybrid`` and ``deferred``, each at several
+bucket sizes, ``hybrid`` at several split points. Stock's path is always a candidate, so the
+predicted step of the choice is never longer than stock's; the margin says by how much it is
+shorter. Family ``sharded`` (``strategy="sharded", bucket_bytes="auto"``: the user asked for
+sharding): ``sharded`` and ``sharded_hybrid`` at those sizes and splits, the fastest kept even if
+slower than stock, which is then only the reference.
 """
 
 from __future__ import annotations
@@ -19,6 +22,9 @@ MIB = 2**20
 #: bucket byte budgets tried for the plan-based candidates
 BUCKET_SIZES = (1 * MIB, 4 * MIB, 16 * MIB, 64 * MIB, 256 * MIB)
 WHOLE_STATE = ("horovod", "layerwise", "hybrid", "deferred")
+SHARDED = ("sharded", "sharded_hybrid")
+FAMILIES = {"whole": WHOLE_STATE, "sharded": SHARDED}
+_SPLIT = ("hybrid", "sharded_hybrid")  # strategies whose split point is a choice
 #: shares of the gradient bytes ``hybrid`` candidates defer into the next forward
 SPLITS = (0.25, 0.5, 0.75)
 
@@ -58,7 +64,7 @@ class Choice:
 
     @property
     def speedup(self) -> float:
-        """Predicted stock step / chosen step (>= 1)."""
+        """Predicted stock step / chosen step (>= 1 for the ``whole`` family)."""
         return self.stock.step_s / self.result.step_s
 
     def reason(self) -> str:
@@ -83,8 +89,9 @@ def splits(nbytes: Sequence[int], fractions: Sequence[float] = SPLITS) -> list[i
 
 def candidates(profile: Profile, bucket_sizes: Sequence[int] = BUCKET_SIZES,
                strategies: Iterable[str] = WHOLE_STATE) -> list[Candidate]:
-    """Every candidate for this profile: ``hybrid`` at each bucket size and split (a quarter,
-    half, three quarters of the bytes deferred), the others at each bucket size."""
+    """Every candidate for this profile: ``hybrid`` / ``sharded_hybrid`` at each bucket size
+    and split (a quarter, half, three quarters of the bytes deferred), the others at each
+    bucket size."""
     specs = _specs(profile)
     out: list[Candidate] = []
     for name in strategies:
@@ -92,7 +99,7 @@ def candidates(profile: Profile, bucket_sizes: Sequence[int] = BUCKET_SIZES,
             out.append(Candidate("horovod"))
             continue
         for size in bucket_sizes:
-            if name != "hybrid":
+            if name not in _SPLIT:
                 out.append(Candidate(name, size))
                 continue
             nbytes = [b.nbytes for b in build_layerwise_plan(specs, size).buckets] if specs else []
@@ -110,25 +117,32 @@ def predict(profile: Profile, cluster: Cluster, candidate: Candidate) -> StepRes
 MIN_GAIN = 1e-3
 
 
-def choose(profile: Profile, cluster: Cluster,
-           options: Sequence[Candidate] | None = None) -> Choice:
-    """The candidate with the shortest predicted step; stock's path unless another one is
-    predicted faster by more than ``MIN_GAIN`` (ties and rounding keep stock)."""
+def choose(profile: Profile, cluster: Cluster, options: Sequence[Candidate] | None = None,
+           family: str = "whole") -> Choice:
+    """The candidate with the shortest predicted step. ``whole``: stock's path unless another
+    one is predicted faster by more than ``MIN_GAIN`` (ties and rounding keep stock);
+    ``sharded``: the fastest sharded candidate (stock is the reference only)."""
+    if family not in FAMILIES:
+        raise ValueError(f"family {family!r}: choose {' or '.join(FAMILIES)}")
     stock_c = Candidate("horovod")
-    pool = [stock_c] + [c for c in (options if options is not None else candidates(profile))
-                        if c != stock_c]
-    ranked = sorted(((c, predict(profile, cluster, c)) for c in pool),
+    pool = options if options is not None else candidates(
+        profile, strategies=FAMILIES[family])
+    stock = predict(profile, cluster, stock_c)
+    ranked = sorted([(c, predict(profile, cluster, c)) for c in pool if c != stock_c]
+                    + ([(stock_c, stock)] if family == "whole" else []),
                     key=lambda cr: cr[1].step_s)
-    stock = next(r for c, r in ranked if c == stock_c)
+    if not ranked:
+        raise ValueError("no candidate to choose from")
     best, result = ranked[0]
-    if result.step_s > stock.step_s * (1 - MIN_GAIN):
+    if family == "whole" and result.step_s > stock.step_s * (1 - MIN_GAIN):
         best, result = stock_c, stock
     return Choice(best, result, stock, tuple(ranked))
 
 
-def sweep(profile: Profile, cluster: Cluster, ranks: Sequence[int]) -> list[Choice]:
+def sweep(profile: Profile, cluster: Cluster, ranks: Sequence[int],
+          family: str = "whole") -> list[Choice]:
     """``choose`` at every rank count."""
-    return [choose(profile, replace(cluster, ranks=p)) for p in ranks]
+    return [choose(profile, replace(cluster, ranks=p), family=family) for p in ranks]
 
 
 @dataclass(frozen=True)
@@ -143,10 +157,10 @@ class GridPoint:
 
 
 def grid(profiles: dict[str, Profile], ranks: Sequence[int], bandwidths: Sequence[str],
-         latencies: Sequence[str], make_cluster) -> list[GridPoint]:
+         latencies: Sequence[str], make_cluster, family: str = "whole") -> list[GridPoint]:
     """Auto's choice at every (profile, ranks, bandwidth, latency);
     ``make_cluster(ranks, bandwidth, latency)`` builds the cluster."""
-    return [GridPoint(name, p, bw, lat, choose(prof, make_cluster(p, bw, lat)))
+    return [GridPoint(name, p, bw, lat, choose(prof, make_cluster(p, bw, lat), family=family))
             for name, prof in profiles.items() for bw in bandwidths for lat in latencies
             for p in ranks]
 

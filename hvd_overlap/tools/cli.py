@@ -223,7 +223,8 @@ def profile(model_spec: str, batch_size: int, device_tflops: float | None, image
               help="per-rank link: 10gbit, 100gbit, or bytes/s")
 @click.option("--latency", default="10us", show_default=True, help="per ring hop")
 @click.option("--strategies", default=",".join(SIM_STRATEGIES + ("auto",)), show_default=True,
-              help="'auto': the fastest predicted whole-state plan (hvd-overlap auto-grid)")
+              help="'auto': the fastest predicted whole-state plan; 'auto_sharded': the "
+                   "fastest sharded one (hvd-overlap auto-grid)")
 @click.option("--cycle-ms", type=float, default=1.0, show_default=True,
               help="HOROVOD_CYCLE_TIME")
 @click.option("--negotiation-ms", type=float,
@@ -302,10 +303,11 @@ def simulate(profile_paths: tuple[str, ...], np_: str, bandwidth: str, latency: 
             comm_slowdown=comm_slowdown, fusion_bytes=int(fusion_mb * 2**20),
             bucket_bytes=int(bucket_mb * 2**20))
         names = [s.strip() for s in strategies.split(",") if s.strip()]
-        unknown = [s for s in names if s not in sim.STRATEGIES + ("auto",)]
+        autos = {"auto": "whole", "auto_sharded": "sharded"}
+        unknown = [s for s in names if s not in sim.STRATEGIES + tuple(autos)]
         if unknown or not names:
             raise ValueError(f"--strategies {','.join(unknown) or '(empty)'}: choose from "
-                             f"{', '.join(sim.STRATEGIES)}, auto")
+                             f"{', '.join(sim.STRATEGIES + tuple(autos))}")
         ranks = scaling.parse_ranks(np_)
         runs, choices = {}, {}
         for path in profile_paths:
@@ -315,13 +317,14 @@ def simulate(profile_paths: tuple[str, ...], np_: str, bandwidth: str, latency: 
                     raise ValueError(f"{path}: --device-tflops re-times FLOPs profiles only "
                                      "(`hvd-overlap profile --device-tflops`)")
                 prof = prof.scaled(prof.meta["device_tflops"] / device_tflops)
-            results = sim.sweep(prof, cluster, ranks, [n for n in names if n != "auto"], defer)
-            if "auto" in names:
-                choices[path] = autoplan.sweep(prof, cluster, ranks)
-                autos = {c.result.ranks: replace(c.result, strategy="auto")
-                         for c in choices[path]}
-                results = sorted(results + list(autos.values()),
-                                 key=lambda r: (ranks.index(r.ranks), r.strategy == "auto"))
+            results = sim.sweep(prof, cluster, ranks, [n for n in names if n not in autos],
+                                defer)
+            choices[path] = []
+            for name in (n for n in names if n in autos):
+                picked = autoplan.sweep(prof, cluster, ranks, autos[name])
+                choices[path] += [(name, c) for c in picked]
+                results += [replace(c.result, strategy=name) for c in picked]
+            results.sort(key=lambda r: (ranks.index(r.ranks), r.strategy in autos))
             runs[path] = (prof, results)
     except (ValueError, FileNotFoundError) as e:
         raise click.UsageError(str(e)) from None
@@ -335,8 +338,8 @@ def simulate(profile_paths: tuple[str, ...], np_: str, bandwidth: str, latency: 
                    f"{prof.grad_bytes / 2**20:.1f} MiB of gradients, compute "
                    f"{prof.compute_s * 1e3:.1f} ms/step")
         click.echo(scaling.format_results(results))
-        for c in choices.get(path, []):
-            click.echo(f"auto at {c.result.ranks} ranks: {c.reason()}")
+        for name, c in choices.get(path, []):
+            click.echo(f"{name} at {c.result.ranks} ranks: {c.reason()}")
     titles = {p: f"{prof.model} (b{prof.batch_size}), {bandwidth}"
               for p, (prof, _) in runs.items()}
     if md_path:
@@ -347,8 +350,8 @@ def simulate(profile_paths: tuple[str, ...], np_: str, bandwidth: str, latency: 
             {"cluster": cluster.__dict__, "profiles": {
                 p: {"model": prof.model, "batch_size": prof.batch_size,
                     "compute_s": prof.compute_s, "results": [r.to_dict() for r in results],
-                    "auto": [{"ranks": c.result.ranks, **c.best.keywords(),
-                              "speedup_vs_stock": c.speedup} for c in choices.get(p, [])]}
+                    "auto": [{"as": name, "ranks": c.result.ranks, **c.best.keywords(),
+                              "speedup_vs_stock": c.speedup} for name, c in choices.get(p, [])]}
                 for p, (prof, results) in runs.items()}}, indent=1))
     if plot_path:
         scaling.plot_scaling(plot_path, {titles[p]: res for p, (_, res) in runs.items()},
@@ -362,10 +365,13 @@ def simulate(profile_paths: tuple[str, ...], np_: str, bandwidth: str, latency: 
               show_default=True, help="per-rank link rates, comma-separated")
 @click.option("--latency", "latencies", default="2us,10us,50us", show_default=True,
               help="per-hop latencies, comma-separated")
+@click.option("--family", type=click.Choice(["whole", "sharded"]), default="whole",
+              show_default=True, help="whole: strategy='auto'; sharded: strategy='sharded' "
+                                      "with bucket_bytes='auto'")
 @click.option("--markdown", "md_path", type=click.Path(dir_okay=False),
               help="also write the summary table here")
 def auto_grid(profile_paths: tuple[str, ...], np_: str, bandwidths: str, latencies: str,
-              md_path: str | None) -> None:
+              family: str, md_path: str | None) -> None:
     """What strategy="auto" would choose over a grid of clusters, and its predicted speedup
     over stock Horovod (default PROFILEs: vgg16, resnet50, resnet101)."""
     from pathlib import Path
@@ -378,7 +384,7 @@ def auto_grid(profile_paths: tuple[str, ...], np_: str, bandwidths: str, latenci
         profiles = {n: sim.load_profile(n) for n in names}
         points = autoplan.grid(
             profiles, scaling.parse_ranks(np_), bandwidths.split(","), latencies.split(","),
-            lambda p, bw, lat: scaling.cluster_from_options(p, bw, lat))
+            lambda p, bw, lat: scaling.cluster_from_options(p, bw, lat), family)
     except (ValueError, FileNotFoundError) as e:
         raise click.UsageError(str(e)) from None
     table = autoplan.grid_markdown(points)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import horovod.tensorflow as hvd
 import numpy as np
+import pytest
 import tensorflow as tf
 
 import hvd_overlap.keras as hvdo
@@ -31,8 +32,9 @@ def model() -> tf.keras.Sequential:
 
 
 def record(strategy: str):
-    """Train STEPS steps under the timeline; per step, rank 0's host times (µs) of: first layer's
-    forward done, backprop done. Returns (plan, per-step bucket trips, host times) on rank 0."""
+    """Train STEPS steps under the timeline. Returns the plan and, on rank 0, a function that
+    reads the timeline: per-step bucket trips and rank 0's host times (µs from the timeline's
+    origin) of: first layer's forward done, backprop done (None on the other ranks)."""
     tf.keras.utils.set_random_seed(0)
     net = model()
     opt = hvdo.DistributedOptimizer(tf.keras.optimizers.SGD(0.01), strategy=strategy,
@@ -68,26 +70,40 @@ def record(strategy: str):
     hvd.stop_timeline()
     opt.flush()
     plan = opt.plan
-    assert net.layers[0].name in plan.buckets[-1 if strategy == "layerwise" else 0].layers
     if hvd.rank() != 0:  # the coordinator writes the timeline
-        return plan, None, None
-    zero = origin_us(path)
-    trips = [c for c in merge_groups(read_timeline(path)) if c.bucket is not None]
-    n = len(plan.buckets) * (2 if strategy == "sharded" else 1)  # sharded: rs + ag per bucket
-    steps = [trips[i:i + n] for i in range(0, len(trips), n)]
-    assert len(steps) == STEPS and all(len(s) == n for s in steps), [len(s) for s in steps]
-    return plan, steps, [h - zero for h in host]
+        return plan, None
+
+    def read():
+        assert net.layers[0].name in plan.buckets[-1 if strategy == "layerwise" else 0].layers
+        zero = origin_us(path)
+        trips = [c for c in merge_groups(read_timeline(path)) if c.bucket is not None]
+        n = len(plan.buckets) * (2 if strategy == "sharded" else 1)  # sharded: rs + ag
+        steps = [trips[i:i + n] for i in range(0, len(trips), n)]
+        assert len(steps) == STEPS and all(len(s) == n for s in steps), [len(s) for s in steps]
+        return steps, [h - zero for h in host]
+    return plan, read
 
 
-def agree(verdict):
-    """Rank 0's verdict on every rank, so all ranks pass or fail together."""
-    return hvd.broadcast_object(verdict, 0)
+def decided(verdict):
+    """``verdict()`` -- the timeline's checks -- on rank 0, its outcome on every rank: a failed
+    check fails every rank together instead of leaving the others waiting."""
+    outcome = None
+    if hvd.rank() == 0:
+        try:
+            outcome = ("ok", verdict())
+        except Exception as e:  # noqa: BLE001 -- reported on every rank below
+            outcome = ("failed", f"{type(e).__name__}: {e}")
+    kind, value = hvd.broadcast_object(outcome, 0)
+    if kind == "failed":
+        pytest.fail(f"rank 0's check of the timeline: {value}")
+    return value
 
 
 def test_layerwise_buckets_go_out_in_plan_order_during_backprop():
-    plan, steps, host = record("layerwise")
-    verdict = None
-    if hvd.rank() == 0:
+    plan, read = record("layerwise")
+
+    def verdict():
+        steps, host = read()
         early = 0
         for s, (_, backprop_done) in zip(steps, host, strict=True):
             assert [c.bucket for c in s] == [b.index for b in plan.buckets]
@@ -95,16 +111,18 @@ def test_layerwise_buckets_go_out_in_plan_order_during_backprop():
                 assert b.start >= a.end, "buckets overlapped each other on the wire"
             early += s[0].start < backprop_done
         print(f"layerwise: first bucket started before backprop finished in {early}/{STEPS}")
-        verdict = early
-    early = agree(verdict)
+        return early
+
+    early = decided(verdict)
     assert len(plan.buckets) >= 4
     assert early >= STEPS // 2, f"first bucket started during backprop in only {early}/{STEPS}"
 
 
 def test_deferred_buckets_go_out_in_forward_order_under_the_next_forward():
-    plan, steps, host = record("deferred")
-    verdict = None
-    if hvd.rank() == 0:
+    plan, read = record("deferred")
+
+    def verdict():
+        steps, host = read()
         overlapped = 0
         fwd = [b.index for b in plan.buckets]
         for s, (first_layer_done, _) in zip(steps, host, strict=True):
@@ -115,16 +133,18 @@ def test_deferred_buckets_go_out_in_forward_order_under_the_next_forward():
             overlapped += first_layer_done < s[-1].end
         print(f"deferred: first layer's forward done while buckets still travelled in "
               f"{overlapped}/{STEPS} steps")
-        verdict = overlapped
-    overlapped = agree(verdict)
+        return overlapped
+
+    overlapped = decided(verdict)
     assert all(b.phase == "forward" for b in plan.buckets) and len(plan.buckets) >= 4
     assert overlapped >= STEPS // 2, f"forward overlapped the buckets in only {overlapped}/{STEPS}"
 
 
 def test_sharded_scatters_under_backprop_and_gathers_in_forward_order_under_the_forward():
-    plan, steps, host = record("sharded")
-    verdict = None
-    if hvd.rank() == 0:
+    plan, read = record("sharded")
+
+    def verdict():
+        steps, host = read()
         early = overlapped = 0
         fwd = [b.index for b in plan.buckets]
         for s, (first_layer_done, backprop_done) in zip(steps, host, strict=True):
@@ -138,8 +158,9 @@ def test_sharded_scatters_under_backprop_and_gathers_in_forward_order_under_the_
             early += min(c.start for c in scatters) < backprop_done
         print(f"sharded: first reduce-scatter before backprop finished in {early}/{STEPS}; "
               f"first layer's forward done while all-gathers travelled in {overlapped}/{STEPS}")
-        verdict = (early, overlapped)
-    early, overlapped = agree(verdict)
+        return early, overlapped
+
+    early, overlapped = decided(verdict)
     assert all(b.phase == "forward" for b in plan.buckets) and len(plan.buckets) >= 4
     assert early >= STEPS // 2, f"reduce-scatter during backprop in only {early}/{STEPS}"
     assert overlapped >= STEPS // 2, f"forward overlapped all-gathers in only {overlapped}/{STEPS}"

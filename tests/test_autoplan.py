@@ -106,3 +106,56 @@ def test_simulate_shows_auto_sharded(tmp_path):
     assert "auto at 8 ranks:" in result.output
     line = next(ln for ln in result.output.splitlines() if ln.startswith("auto_sharded at 8"))
     assert "sharded" in line.split(":", 1)[1]
+
+
+# --- the run-time half: a profile of the real variables, fitted to a measured step -------------
+
+def _specs():
+    from hvd_overlap.core.plan import VarSpec
+
+    shapes = [("conv", (3, 3, 8, 16)), ("conv", (16,)), ("fc1", (1024, 256)), ("fc1", (256,)),
+              ("fc2", (256, 10)), ("fc2", (10,))]
+    return [VarSpec(i, f"{layer}/v{i}:0", shape, "float32", layer)
+            for i, (layer, shape) in enumerate(shapes)]
+
+
+def test_profile_from_specs_has_one_layer_per_layer_with_exact_bytes():
+    prof = autoplan.profile_from_specs(_specs(), {"conv": 5e6})
+    assert [la.name for la in prof.layers] == ["conv", "fc1", "fc2"]
+    assert [la.grad_bytes for la in prof.layers] == [(3 * 3 * 8 * 16 + 16) * 4,
+                                                     (1024 * 256 + 256) * 4, (256 * 10 + 10) * 4]
+    conv, fc1, _ = prof.layers
+    assert conv.forward_s == 5e6 and conv.backward_s == 5e6  # first layer: no input gradient
+    assert fc1.forward_s == 2 * (1024 * 256 + 256) and fc1.backward_s == 2 * fc1.forward_s
+
+
+def test_fit_compute_reproduces_the_measured_step():
+    prof = autoplan.profile_from_specs(_specs())
+    cl = Cluster(ranks=4, bandwidth=1e8, negotiation_s=1e-3)
+    stock = Candidate("horovod")
+    for measured in (0.02, 0.2):
+        fitted = autoplan.fit_compute(prof, cl, stock, measured)
+        # the simulated step moves in Horovod cycles: within one cycle and its negotiation
+        assert autoplan.predict(fitted, cl, stock).step_s == pytest.approx(
+            measured, abs=cl.cycle_s + cl.negotiation_s)
+        assert fitted.compute_s < measured
+    # a measured step shorter than the predicted communication alone: compute ~ 0
+    tiny = autoplan.fit_compute(prof, cl, stock, 1e-6)
+    assert tiny.compute_s < 1e-5
+
+
+def test_trial_order_takes_the_best_then_another_strategy_and_skips_the_probe():
+    stock, r = Candidate("horovod"), simulate(SIX, "horovod", Cluster(ranks=2, bandwidth=1e9))
+    ranked = [(Candidate("hybrid", MIB, 2), r), (Candidate("hybrid", 4 * MIB, 2), r),
+              (stock, r), (Candidate("layerwise", MIB), r), (Candidate("deferred", MIB), r)]
+    assert autoplan.trial_order(ranked, stock) == [Candidate("hybrid", MIB, 2),
+                                                   Candidate("layerwise", MIB)]
+    assert autoplan.trial_order(ranked, Candidate("hybrid", MIB, 2), trials=1) == [
+        Candidate("hybrid", 4 * MIB, 2)]
+
+
+def test_pick_keeps_the_preferred_plan_within_the_margin():
+    stock, hyb = Candidate("horovod"), Candidate("hybrid", MIB, 2)
+    assert autoplan.pick({stock: 1.0, hyb: 0.995}, stock) == stock   # within noise
+    assert autoplan.pick({stock: 1.0, hyb: 0.95}, stock) == hyb
+    assert autoplan.pick({stock: 1.0, hyb: 1.2}, stock) == stock

@@ -204,6 +204,21 @@ def test_end_to_end_tiny_mlp(tmp_path):
     assert "HOROVOD_DISABLE_GROUP_FUSION" not in clean[0]["horovod_env"]
 
 
+def test_end_to_end_auto_chooses_before_timing(tmp_path):
+    out = tmp_path / "bench.json"
+    result = CliRunner().invoke(main, [
+        "bench", "--model", "mlp", "--tiny", "--np", "2", "--batch-size", "8", "--steps", "3",
+        "--warmup", "1", "--rounds", "1", "--timeout", "300", "--strategies", "stock,auto",
+        "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(out.read_text())
+    assert doc["strategies"]["auto"]["ratio_to_stock"] > 0
+    (pick,) = doc["raw"]["auto_choices"]
+    assert pick["settled"] and pick["steps"] >= 10 and len(pick["measured_ms"]) == 3
+    assert pick["choice"] in pick["measured_ms"]
+    assert "auto, round 1: chose " + pick["choice"] in result.output
+
+
 def test_end_to_end_on_two_emulated_hosts(tmp_path):
     try:
         check_requirements()

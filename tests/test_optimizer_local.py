@@ -35,7 +35,7 @@ def fit(model, opt):
     return model.get_weights()
 
 
-@pytest.mark.parametrize("strategy", sorted(hvd_overlap.STRATEGIES))
+@pytest.mark.parametrize("strategy", [*sorted(hvd_overlap.STRATEGIES), "auto"])
 @pytest.mark.parametrize("make_opt", [
     lambda: tf.keras.optimizers.SGD(0.1, momentum=0.9),
     lambda: tf.keras.optimizers.legacy.Adam(0.01),
@@ -85,6 +85,12 @@ def test_plan_is_printable_before_training():
     ({"groups": 2}, "tune bucket_bytes"),
     ({"strategy": "deferred", "backward_passes_per_step": 2}, "layerwise"),
     ({"strategy": "hybrid", "defer": -3}, "defer must be"),
+    ({"strategy": "auto", "bucket_bytes": 1024}, "chooses bucket_bytes and defer itself"),
+    ({"strategy": "auto", "backward_passes_per_step": 2}, "layerwise"),
+    ({"strategy": "sharded", "bucket_bytes": "auto"}, "auto_sharded"),
+    ({"strategy": "horovod", "bucket_bytes": "auto"}, "no buckets to size"),
+    ({"strategy": "layerwise", "defer": "auto"}, "defers no bucket"),
+    ({"strategy": "hybrid", "bucket_bytes": "big"}, "positive int .* or 'auto'"),
 ])
 def test_bad_arguments_name_the_fix(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -121,7 +127,7 @@ def test_pure_modules_load_neither_tensorflow_nor_horovod():
 
     code = ("import sys, hvd_overlap, hvd_overlap.core.plan, hvd_overlap.core.sharding, "
             "hvd_overlap.core.strategies, hvd_overlap.growth.policy, hvd_overlap.tools.simulate, "
-            "hvd_overlap.tools.scaling; "
+            "hvd_overlap.tools.scaling, hvd_overlap.tools.autoplan; "
             "print(sorted(m for m in ('tensorflow', 'horovod') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip().splitlines()[-1] == "[]"
@@ -411,3 +417,38 @@ def test_hybrid_with_no_gradient_in_the_deferred_bucket_counts_each_step_once():
     assert [b.phase for b in opt.plan.buckets][-1] == "forward"
     assert not any(v.has_grad for v in opt.plan.phase_buckets("forward")[0].variables)
     assert int(opt.iterations.numpy()) == 8
+
+
+def test_auto_pools_hold_only_what_the_setting_allows():
+    from hvd_overlap.comm.planner import var_specs
+    from hvd_overlap.keras.executors.auto import auto_choices
+    from hvd_overlap.tools.autoplan import profile_from_specs
+
+    wide = tf.keras.Sequential([tf.keras.layers.Dense(1024, input_shape=(1024,)),
+                                tf.keras.layers.Dense(1024), tf.keras.layers.Dense(10)])
+    prof = profile_from_specs(var_specs(wide.trainable_variables))  # 4 MiB layers: splits exist
+    sgd = tf.keras.optimizers.SGD(0.1)
+    probe, pool, _ = auto_choices(sgd, "auto", hvd_overlap.DEFAULT_BUCKET_BYTES, None)
+    assert probe.strategy == "horovod"
+    assert {c.strategy for c in pool(prof)} == {"horovod", "layerwise", "deferred", "hybrid"}
+    # Nadam cannot be deferred exactly: auto keeps to the plans that apply a step at once
+    _, pool, _ = auto_choices(tf.keras.optimizers.Nadam(), "auto", "auto", "auto")
+    assert {c.strategy for c in pool(prof)} == {"horovod", "layerwise"}
+    probe, pool, label = auto_choices(tf.keras.optimizers.SGD(0.1), "hybrid", "auto", 1)
+    assert probe.strategy == "hybrid" and "bucket_bytes='auto'" in label
+    assert {(c.strategy, c.defer) for c in pool(prof)} == {("hybrid", 1)}
+    _, pool, _ = auto_choices(tf.keras.optimizers.SGD(0.1), "hybrid", 1024, "auto")
+    assert {c.bucket_bytes for c in pool(prof)} == {1024}
+
+
+def test_auto_reports_its_state_in_the_plan_and_refuses_a_bucket_method():
+    from hvd_overlap.comm.methods import Allreduce
+
+    model = small_model()
+    opt = hvdo.DistributedOptimizer(tf.keras.optimizers.SGD(0.1), strategy="auto")
+    assert opt.strategy == "auto" and opt.defers
+    fit(model, opt)
+    assert "auto: horovod (stock fusion)" in opt.plan.describe()
+    with pytest.raises(ValueError, match="strategy='layerwise'"):
+        opt.register_bucket_method(Allreduce(CommSettings(name="x", op=hvd_tf.Average,
+                                                          compression=None)))

@@ -225,18 +225,24 @@ def build_layerwise_plan(
     return Plan(strategy=strategy, bucket_bytes=bucket_bytes, buckets=tuple(backward + forward))
 
 
-def half_the_bytes(nbytes: Sequence[int]) -> int:
-    """Hybrid's default split: how many input-side buckets to defer -- those holding at most
-    half the gradient bytes (produced last by backprop, needed first by the next forward), at
-    least one if there are several. ``nbytes``: bytes per bucket in backward order."""
+def input_side_share(nbytes: Sequence[int], share: float) -> int:
+    """How many input-side buckets hold at most ``share`` of the gradient bytes (produced last
+    by backprop, needed first by the next forward): at least one if there are several, never
+    all of them. ``nbytes``: bytes per bucket in backward order."""
     total = sum(nbytes)
     deferred, acc = 0, 0
     for b in reversed(nbytes):  # input side first
-        if acc + b > total / 2:
+        if acc + b > share * total:
             break
         acc += b
         deferred += 1
-    return max(deferred, 1) if len(nbytes) > 1 else 0
+    return min(max(deferred, 1), len(nbytes) - 1) if len(nbytes) > 1 else 0
+
+
+def half_the_bytes(nbytes: Sequence[int]) -> int:
+    """Hybrid's default split: the input-side buckets holding at most half the gradient bytes
+    (``input_side_share``)."""
+    return input_side_share(nbytes, 0.5)
 
 
 def _split_by_dtype(vs: list[VarSpec]) -> list[list[VarSpec]]:

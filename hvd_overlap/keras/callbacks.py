@@ -4,6 +4,8 @@ growth callback is ``hvd_overlap.growth.BatchSizeScheduler``)."""
 
 from __future__ import annotations
 
+import time
+
 import tensorflow as tf
 
 __all__ = ["OverlapCallback"]
@@ -37,6 +39,7 @@ class OverlapCallback(tf.keras.callbacks.Callback):
         self._replaced = None
         self._landing = False
         self._functions: dict = {}
+        self._started = 0.0
 
     def _optimizer(self):
         opt = getattr(self.model, "optimizer", None)
@@ -65,6 +68,7 @@ class OverlapCallback(tf.keras.callbacks.Callback):
         for method in ("set_weights", "load_weights"):
             setattr(self.model, method, _flushing_first(opt, getattr(self.model, method)))
         self._patched = True
+        opt.attach_model(self.model)
         self._make_train_functions()
 
     def _make_train_functions(self) -> None:
@@ -85,11 +89,15 @@ class OverlapCallback(tf.keras.callbacks.Callback):
         if self._patched:
             self._landing = self._checkpoint_due(batch)
             self.model.train_function = self._functions[self._landing]
+        self._started = time.perf_counter()
 
     def on_train_batch_end(self, batch, logs=None):
         opt = self._optimizer()
         if opt is None:
             return
+        # steady steps only: the first of an epoch follows a flush, a landing step lands twice
+        opt.observe_step(time.perf_counter() - self._started,
+                         usable=batch > 0 and not self._landing)
         if opt.take_retrace():  # the first trace could not defer yet
             self._make_train_functions()
         if self._checkpoint_due(batch):

@@ -11,6 +11,7 @@ gradients) and covers ``model.fit``, ``optimizer.minimize`` and custom loops ali
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 import horovod.tensorflow as hvd
 
@@ -20,13 +21,16 @@ from hvd_overlap.core.plan import DEFAULT_BUCKET_BYTES, Plan
 from hvd_overlap.core.sharding import ShardLayout
 from hvd_overlap.core.strategies import PlanOptions, get_strategy
 from hvd_overlap.keras.executors import Executor, Plain, ShardedExecutor, make_executor
+from hvd_overlap.keras.executors.auto import AUTO, AutoExecutor, auto_choices
 from hvd_overlap.keras.train_step import OverlapTrainStep
 from hvd_overlap.keras.validation import (
     validate,
+    validate_auto,
     validate_deferring,
     validate_elastic,
     validate_sharding,
 )
+from hvd_overlap.tools.autoplan import Candidate
 
 _counter = itertools.count()
 
@@ -134,6 +138,17 @@ class _DistributedMixin:
         ``OverlapCallback`` does so in ``model.fit``."""
         self._hvdo.flush()
 
+    def observe_step(self, seconds: float, usable: bool = True) -> None:
+        """Report that a train step took ``seconds`` on this rank (``usable``: a steady step).
+        ``strategy="auto"`` times its candidate plans with it; ``OverlapCallback`` and
+        ``make_train_step`` call it on every rank after every step. A no-op otherwise."""
+        self._hvdo.observe_step(seconds, usable)
+
+    def attach_model(self, model) -> None:
+        """The model this optimizer trains: ``strategy="auto"`` reads its layers' FLOPs to
+        predict the plans (``OverlapCallback`` passes it). A no-op otherwise."""
+        self._hvdo.attach_model(model)
+
     def take_retrace(self) -> bool:
         """True once, after the first traced step of a deferring strategy: that step could not
         defer (the plan was unknown when it was traced), so the train function must be traced
@@ -157,9 +172,12 @@ class _DistributedMixin:
         of ``variables()``); empty lists for other strategies."""
         return self._hvdo.slice_variables()
 
-    def make_train_step(self, step_fn):
+    def make_train_step(self, step_fn, model=None):
         """Wrap a custom-loop step (which ends with ``apply_gradients``) in a ``tf.function``
-        that starts with the pre-forward phase. Call ``flush()`` after the loop."""
+        that starts with the pre-forward phase. Call ``flush()`` after the loop. ``model``
+        (optional): ``strategy="auto"`` reads its layers' FLOPs to predict the plans."""
+        if model is not None:
+            self.attach_model(model)
         return OverlapTrainStep(self, step_fn)
 
     # -- Keras hooks: the executor keeps Keras's behaviour or replaces it (sharded) -------------
@@ -211,9 +229,9 @@ def _distributed_class(base: type, options: dict) -> type:
 def DistributedOptimizer(  # noqa: N802 -- same name as Horovod's factory
     optimizer,
     strategy: str = "layerwise",
-    bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+    bucket_bytes: int | str = DEFAULT_BUCKET_BYTES,
     ordered: bool = False,
-    defer: int | None = None,
+    defer: int | str | None = None,
     name: str | None = None,
     device_dense: str = "",
     device_sparse: str = "",
@@ -232,10 +250,14 @@ def DistributedOptimizer(  # noqa: N802 -- same name as Horovod's factory
     """Wrap a Keras optimizer so its gradients are averaged across ranks by ``strategy``.
 
     Same keywords and defaults as ``horovod.tensorflow.keras.DistributedOptimizer``, plus
-    ``strategy`` ("layerwise" or "horovod"), ``bucket_bytes`` (the byte budget of a bucket) and
+    ``strategy`` (``hvd_overlap.STRATEGIES``, or ``"auto"``: the fastest whole-state plan,
+    predicted then measured against stock Horovod's fusion during the first steps; needs
+    ``OverlapCallback`` / ``make_train_step``), ``bucket_bytes`` (the byte budget of a bucket;
+    ``"auto"``: chosen the same way for layerwise, deferred or hybrid) and
     ``ordered`` (each backprop bucket's collective waits for the previous one, so they go out in
     plan order; off by default: measured slower, see README)
-    and ``defer`` (hybrid: how many input-side buckets to defer into the next forward).
+    and ``defer`` (hybrid: how many input-side buckets to defer into the next forward;
+    ``"auto"``: chosen).
     ``num_groups``/``groups`` apply to ``strategy="horovod"`` only (the plan replaces them);
     ``process_set`` must be the global one; ``scale_local_gradients`` as Horovod's (see
     ``register_local_var``). ``gather_with`` (sharded): how the
@@ -243,15 +265,20 @@ def DistributedOptimizer(  # noqa: N802 -- same name as Horovod's factory
     bytes; measured no faster on Gloo here, see README "Sharded update").
     """
     options = {k: v for k, v in locals().items() if k != "optimizer"}
-    strat = get_strategy(strategy)
-    validate(optimizer, strategy, bucket_bytes, op, gradient_predivide_factor,
-             backward_passes_per_step, num_groups, groups, process_set, gather_with)
+    tuned = AUTO in (strategy, bucket_bytes, defer)
+    if tuned:
+        validate_auto(optimizer, strategy, bucket_bytes, defer, backward_passes_per_step)
+    plan_strategy = "horovod" if strategy == AUTO else strategy
+    strat = get_strategy(plan_strategy)
+    validate(optimizer, plan_strategy, DEFAULT_BUCKET_BYTES if bucket_bytes == AUTO
+             else bucket_bytes, op, gradient_predivide_factor, backward_passes_per_step,
+             num_groups, groups, process_set, gather_with)
     if strat.shards:
         validate_sharding(optimizer)
     if strat.defers:
-        validate_deferring(optimizer, strategy, backward_passes_per_step, defer,
-                           per_bucket=not strat.shards)
-    validate_elastic(strategy, strat.defers)
+        validate_deferring(optimizer, strategy, backward_passes_per_step,
+                           None if defer == AUTO else defer, per_bucket=not strat.shards)
+    validate_elastic(strategy, strat.defers or tuned)
     if strategy == "horovod":
         prefix = name or f"Distributed{type(optimizer).__name__}"
     else:
@@ -263,13 +290,27 @@ def DistributedOptimizer(  # noqa: N802 -- same name as Horovod's factory
         scale_local_gradients=scale_local_gradients,
         groups=groups if groups is not None else (num_groups or None),
     )
-    planner = Planner(strat, PlanOptions(bucket_bytes, defer, gather_with), sparse_as_dense)
     cls = _distributed_class(type(optimizer), options)
     wrapped = super(_DistributedMixin, cls).from_config(optimizer.get_config())
-    wrapped._hvdo = make_executor(
-        strat, wrapped, _plain(wrapped), planner,
-        default_method(settings, fused_by_horovod=strategy == "horovod", shards=strat.shards),
-        settings, backward_passes_per_step, average_aggregated_gradients)
+    plain = _plain(wrapped)
+
+    def executor(c: Candidate) -> Executor:
+        """The executor of one plan (a candidate of ``auto``, or the user's own)."""
+        st = get_strategy(c.strategy)
+        sets = settings if not tuned else replace(
+            settings, name=f"{prefix}.{c.strategy}.{c.bucket_bytes}.{c.defer}")
+        planner = Planner(st, PlanOptions(c.bucket_bytes or DEFAULT_BUCKET_BYTES, c.defer,
+                                          gather_with), sparse_as_dense)
+        method = default_method(sets, fused_by_horovod=c.strategy == "horovod", shards=st.shards)
+        return make_executor(st, wrapped, plain, planner, method, sets,
+                             backward_passes_per_step, average_aggregated_gradients)
+
+    if tuned:
+        probe, pool, label = auto_choices(optimizer, strategy, bucket_bytes, defer)
+        wrapped._hvdo = AutoExecutor(wrapped, plain, None, executor, probe, pool, settings,
+                                     label)
+    else:
+        wrapped._hvdo = executor(Candidate(strategy, bucket_bytes, defer))
     if isinstance(wrapped._hvdo, ShardedExecutor):
         # a checkpoint dependency of the optimizer: saved and restored with it
         wrapped._track_trackable(wrapped._hvdo.state.checkpoint, name="hvd_overlap_sharded_state")

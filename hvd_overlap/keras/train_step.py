@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -24,7 +25,9 @@ class OverlapTrainStep:
         return tf.function(step)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
         out = self._fn(*args, **kwargs)
+        self.opt.observe_step(time.perf_counter() - start)  # the step ran: its outputs exist
         if self.opt.take_retrace():
             self._fn = self._trace()
         return out

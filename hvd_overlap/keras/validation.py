@@ -78,7 +78,8 @@ def validate(optimizer, strategy, bucket_bytes, op, gradient_predivide_factor,
     if op not in (hvd.Average, hvd.Sum):
         raise ValueError("op must be hvd.Average or hvd.Sum (as in Horovod's Keras optimizer)")
     if not isinstance(bucket_bytes, int) or bucket_bytes <= 0:
-        raise ValueError(f"bucket_bytes must be a positive int (bytes), got {bucket_bytes!r}")
+        raise ValueError(f"bucket_bytes must be a positive int (bytes) or 'auto', got "
+                         f"{bucket_bytes!r}")
     if gradient_predivide_factor <= 0:
         raise ValueError("gradient_predivide_factor must be > 0")
     if not isinstance(backward_passes_per_step, int) or backward_passes_per_step < 1:
@@ -107,3 +108,38 @@ def validate_elastic(strategy: str, defers: bool) -> None:
             "gradients, or slices cut for the first step's number of ranks), which Horovod "
             "elastic cannot restore when ranks join or leave; use strategy='layerwise' (or "
             "'horovod') with elastic training")
+
+
+def validate_auto(optimizer, strategy, bucket_bytes, defer, backward_passes_per_step) -> None:
+    """What ``"auto"`` (strategy, bucket_bytes or defer) can tune, refused up front otherwise."""
+    from hvd_overlap.core.plan import DEFAULT_BUCKET_BYTES
+
+    auto = "auto"
+    tunable = ("layerwise", "deferred", "hybrid")
+    if strategy == auto:
+        if bucket_bytes not in (auto, DEFAULT_BUCKET_BYTES) or defer not in (auto, None):
+            raise ValueError("strategy='auto' chooses bucket_bytes and defer itself; to fix "
+                             "them, name the strategy (e.g. strategy='hybrid', "
+                             "bucket_bytes=8 << 20, defer='auto')")
+    elif strategy in ("sharded", "sharded_hybrid"):
+        raise ValueError(
+            f"bucket_bytes/defer='auto' with strategy {strategy!r} is not supported: switching a "
+            "sharded plan would re-cut the optimizer-state slices. Pick them by prediction with "
+            "`hvd-overlap simulate --strategies auto_sharded` (or `hvd-overlap auto-grid "
+            "--family sharded`) and pass the numbers")
+    elif strategy not in tunable:
+        raise ValueError(f"bucket_bytes/defer='auto' needs strategy 'auto' or one of "
+                         f"{', '.join(tunable)}; strategy {strategy!r} has no buckets to size")
+    elif defer == auto and strategy != "hybrid":
+        raise ValueError(f"defer='auto' chooses hybrid's split; strategy {strategy!r} defers "
+                         f"{'every' if strategy == 'deferred' else 'no'} bucket")
+    if backward_passes_per_step != 1:
+        raise ValueError("'auto' times and switches plans step by step, which "
+                         "backward_passes_per_step > 1 does not combine with; use "
+                         "strategy='layerwise' for gradient accumulation")
+    if bucket_bytes != auto and (not isinstance(bucket_bytes, int) or bucket_bytes <= 0):
+        raise ValueError(f"bucket_bytes must be a positive int (bytes) or 'auto', got "
+                         f"{bucket_bytes!r}")
+    if defer not in (auto, None) and (not isinstance(defer, int) or defer < 0):
+        raise ValueError(f"defer must be a number of buckets >= 0 or 'auto', got {defer!r}")
+    del optimizer  # every optimizer: auto leaves deferring plans out where they cannot be exact

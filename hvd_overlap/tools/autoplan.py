@@ -1,5 +1,8 @@
 """The plan ``strategy="auto"`` would choose: every candidate the simulator can predict, fastest
-first (issue 15, the model half; the run-time choice and its online check are not built yet).
+first. The run-time half (``hvd_overlap.keras.executors.auto``) builds a profile of the real
+model here (``profile_from_specs``, its compute fitted to a measured step by ``fit_compute``),
+ranks the candidates, and measures the first ones (``trial_order``) before keeping the fastest
+(``pick``).
 
 Family ``whole`` (``strategy="auto"``): plans that keep the optimizer state whole -- stock
 Horovod's own fusion (``horovod``), ``layerwise``, ``hybrid`` and ``deferred``, each at several
@@ -15,8 +18,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
-from hvd_overlap.core.plan import build_layerwise_plan
-from hvd_overlap.tools.simulate import Cluster, Profile, StepResult, _specs, simulate
+from hvd_overlap.core.plan import VarSpec, build_layerwise_plan, fmt_bytes, input_side_share
+from hvd_overlap.tools.simulate import Cluster, Layer, Profile, StepResult, _specs, simulate
 
 MIB = 2**20
 #: bucket byte budgets tried for the plan-based candidates
@@ -40,7 +43,7 @@ class Candidate:
     def describe(self) -> str:
         if self.strategy == "horovod":
             return "horovod (stock fusion)"
-        text = f"{self.strategy}, {self.bucket_bytes / MIB:g} MiB buckets"
+        text = f"{self.strategy}, {fmt_bytes(self.bucket_bytes)} buckets"
         return text + (f", defer {self.defer}" if self.defer is not None else "")
 
     def keywords(self) -> dict[str, object]:
@@ -74,17 +77,9 @@ class Choice:
 
 def splits(nbytes: Sequence[int], fractions: Sequence[float] = SPLITS) -> list[int]:
     """Hybrid split points: for each fraction, how many input-side buckets hold at most that
-    share of the bytes (at least one, never all). ``nbytes``: per bucket, backward order."""
-    total, out = sum(nbytes), []
-    for frac in fractions:
-        deferred, acc = 0, 0
-        for b in reversed(nbytes):
-            if acc + b > frac * total:
-                break
-            acc += b
-            deferred += 1
-        out.append(min(max(deferred, 1), len(nbytes) - 1))
-    return sorted(set(d for d in out if d > 0))
+    share of the bytes (``core.plan.input_side_share``). ``nbytes``: per bucket, backward
+    order."""
+    return sorted(set(d for d in (input_side_share(nbytes, f) for f in fractions) if d > 0))
 
 
 def candidates(profile: Profile, bucket_sizes: Sequence[int] = BUCKET_SIZES,
@@ -117,6 +112,13 @@ def predict(profile: Profile, cluster: Cluster, candidate: Candidate) -> StepRes
 MIN_GAIN = 1e-3
 
 
+def rank(profile: Profile, cluster: Cluster, pool: Iterable[Candidate]
+         ) -> list[tuple[Candidate, StepResult]]:
+    """Every candidate of ``pool`` with its predicted step, shortest first."""
+    return sorted(((c, predict(profile, cluster, c)) for c in dict.fromkeys(pool)),
+                  key=lambda cr: cr[1].step_s)
+
+
 def choose(profile: Profile, cluster: Cluster, options: Sequence[Candidate] | None = None,
            family: str = "whole") -> Choice:
     """The candidate with the shortest predicted step. ``whole``: stock's path unless another
@@ -125,18 +127,87 @@ def choose(profile: Profile, cluster: Cluster, options: Sequence[Candidate] | No
     if family not in FAMILIES:
         raise ValueError(f"family {family!r}: choose {' or '.join(FAMILIES)}")
     stock_c = Candidate("horovod")
-    pool = options if options is not None else candidates(
-        profile, strategies=FAMILIES[family])
-    stock = predict(profile, cluster, stock_c)
-    ranked = sorted([(c, predict(profile, cluster, c)) for c in pool if c != stock_c]
-                    + ([(stock_c, stock)] if family == "whole" else []),
-                    key=lambda cr: cr[1].step_s)
+    pool = list(options if options is not None else candidates(
+        profile, strategies=FAMILIES[family]))
+    pool = [c for c in pool if c != stock_c] + ([stock_c] if family == "whole" else [])
+    ranked = rank(profile, cluster, pool)
     if not ranked:
         raise ValueError("no candidate to choose from")
+    stock = predict(profile, cluster, stock_c)
     best, result = ranked[0]
     if family == "whole" and result.step_s > stock.step_s * (1 - MIN_GAIN):
         best, result = stock_c, stock
     return Choice(best, result, stock, tuple(ranked))
+
+
+# --- the run-time choice: a profile of the real model, fitted to a measured step ----------------
+
+def profile_from_specs(specs: Sequence[VarSpec], flops: dict[str, float] | None = None,
+                       name: str = "model") -> Profile:
+    """One profile layer per layer of the plan's variables, in forward order, with its exact
+    gradient bytes. Compute in arbitrary units (``fit_compute`` scales them): the layer's
+    forward FLOPs at batch 1 from ``flops`` (by layer name) or, for a layer it lacks, 2 per
+    parameter (a dense layer's count); backward twice the forward, once for the first layer
+    (no input gradient)."""
+    layers: dict[str, list[VarSpec]] = {}
+    for v in sorted(specs, key=lambda v: v.index):
+        layers.setdefault(v.layer, []).append(v)
+    out: list[Layer] = []
+    for k, (layer, vs) in enumerate(layers.items()):
+        work = (flops or {}).get(layer) or 2.0 * sum(v.size for v in vs)
+        sent = [v for v in vs if v.has_grad and not v.sparse]
+        out.append(Layer(layer, work, work * (1.0 if k == 0 else 2.0),
+                         sum(v.nbytes for v in sent), vs[0].dtype, len(sent), work))
+    return Profile(name, 1, tuple(out), meta={"source": "run time: variables and FLOPs"})
+
+
+def fit_compute(profile: Profile, cluster: Cluster, candidate: Candidate,
+                measured_s: float) -> Profile:
+    """``profile`` with its compute scaled so that the simulator's step of ``candidate`` on
+    ``cluster`` equals ``measured_s`` (bisection: the step grows with the compute). If the
+    communication alone is predicted longer than the measured step, the compute is
+    negligible."""
+    unit = profile.compute_s
+    if unit <= 0 or measured_s <= 0:
+        raise ValueError("fit_compute needs a profile with compute and a measured step > 0")
+
+    def step(scale: float) -> float:
+        return predict(profile.scaled(scale), cluster, candidate).step_s
+
+    lo, hi = 0.0, measured_s / unit  # at hi the compute alone takes the measured step
+    if step(hi * 1e-6) >= measured_s:
+        return profile.scaled(hi * 1e-6)
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if step(mid) < measured_s else (lo, mid)
+    return profile.scaled(hi)
+
+
+def trial_order(ranked: Sequence[tuple[Candidate, StepResult]], first: Candidate,
+                trials: int = 2) -> list[Candidate]:
+    """What the online check measures after ``first``: the predicted fastest other
+    candidate, then the fastest of each further strategy, ``trials`` in all."""
+    out: list[Candidate] = []
+    for c, _ in ranked:
+        if len(out) == trials:
+            break
+        if c != first and all(c.strategy != o.strategy for o in out):
+            out.append(c)
+    return out
+
+
+#: the online check keeps ``prefer`` unless another plan measured faster by more than this share
+MEASURED_MARGIN = 0.01
+
+
+def pick(measured: dict[Candidate, float], prefer: Candidate,
+         margin: float = MEASURED_MARGIN) -> Candidate:
+    """The fastest measured candidate; ``prefer`` (stock, or the user's own setting) unless
+    another is faster by more than ``margin`` (timing noise must not move the plan)."""
+    best = min(measured, key=lambda c: measured[c])
+    if prefer in measured and measured[best] > measured[prefer] * (1 - margin):
+        return prefer
+    return best
 
 
 def sweep(profile: Profile, cluster: Cluster, ranks: Sequence[int],

@@ -77,7 +77,8 @@ def timeline(timeline_file: str, limit: int, per_step: int | None, plot_path: st
 @click.option("--warmup", type=int, default=2, show_default=True, help="untimed steps per round")
 @click.option("--rounds", type=int, default=3, show_default=True,
               help="interleaved rounds (every strategy once per round)")
-@click.option("--strategies", help="comma-separated; default: every strategy, then local")
+@click.option("--strategies", help="comma-separated; default: every strategy, then local; "
+                                       "add auto for strategy='auto' (it chooses before timing)")
 @click.option("--net", default="plain", show_default=True,
               help="plain loopback, or an emulated link rate such as 1gbit, 500mbit (root)")
 @click.option("--net-model", type=click.Choice(["hosts", "loopback"]), default="hosts",
@@ -117,6 +118,10 @@ def bench(model: str, np_: int, batch_size: int, steps: int, warmup: int, rounds
     summary = report.summarize(raw)
     click.echo(report.headline(raw))
     click.echo(report.format_table(summary))
+    for pick in raw.get("auto_choices", []):
+        click.echo(f"auto, round {pick['round'] + 1}: chose {pick['choice']} after "
+                   f"{pick['steps']} untimed steps ({pick['seconds']:.1f} s); measured "
+                   + ", ".join(f"{k} {v:.1f} ms" for k, v in pick["measured_ms"].items()))
     if json_path:
         report.write_json(json_path, raw, summary)
     if plot_path:

@@ -141,6 +141,12 @@ class Executor:
     def gather_state(self) -> None:
         """Gather sharded optimizer state for a checkpoint."""
 
+    def observe_step(self, seconds: float, usable: bool = True) -> None:
+        """A train step took ``seconds`` on this rank (``auto`` times its plans with it)."""
+
+    def attach_model(self, model: Any) -> None:
+        """The model being trained (``auto`` reads its layers' FLOPs)."""
+
     @property
     def shard_layout(self) -> ShardLayout:
         raise RuntimeError(f"no shard layout: strategy {self.strategy!r} does not shard")

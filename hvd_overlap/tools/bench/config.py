@@ -14,6 +14,8 @@ LOCAL = "local"
 #: What runs in the clean processes (the others run in processes with the plugin loaded).
 CLEAN = (STOCK, LOCAL)
 MODEL_NAMES = ("vgg", "resnet20", "mlp", "cnn")
+#: ``strategy="auto"``: measured when asked for (``--strategies ...,auto``), not by default
+AUTO = "auto"
 
 
 def is_clean_group(strategies: Iterable[str]) -> bool:
@@ -60,7 +62,7 @@ class BenchConfig:
                 raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
         if self.timeout <= 0:
             raise ValueError("--timeout must be positive")
-        known = all_strategies()
+        known = (*all_strategies(), AUTO)
         unknown = [s for s in self.strategies if s not in known]
         if unknown or not self.strategies:
             raise ValueError(f"--strategies {','.join(unknown) or '(empty)'}: choose from "

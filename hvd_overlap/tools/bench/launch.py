@@ -156,6 +156,8 @@ def merge(cfg: BenchConfig, launches: list[dict[str, Any]]) -> dict[str, Any]:
             "launches": [{k: raw[k] for k in ("round", "strategies", "clean_process",
                                               "plugin_modules", "horovod_env", "load_avg_1min")}
                          for raw in launches],
+            "auto_choices": [{"round": raw["round"], **raw["auto"]} for raw in launches
+                             if raw.get("auto")],
             "clean_baseline": all(raw["clean_process"] for raw in launches
                                   if is_clean_group(raw["strategies"])),
             "pinned": all(raw["pinned"] for raw in launches),

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from hvd_overlap.tools.bench.config import LOCAL, STOCK, BenchConfig, is_clean_group
+from hvd_overlap.tools.bench.config import AUTO, LOCAL, STOCK, BenchConfig, is_clean_group
 
 PROGRESS = "hvdo: "  # prefix of progress lines (the launcher forwards them)
 #: The plugin's runtime: a clean (baseline) process loads none of it (the pure ``core`` and the
@@ -117,7 +117,7 @@ class Trainee:
             from hvd_overlap import STRATEGIES
 
             opt = hk.DistributedOptimizer(opt, strategy=strategy)
-            if STRATEGIES[strategy].defers:
+            if strategy == AUTO or STRATEGIES[strategy].defers:
                 self.callbacks.append(hk.OverlapCallback())
         self.model.compile(opt, tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
 
@@ -130,6 +130,20 @@ class Trainee:
         self.model.fit(data, epochs=1, steps_per_epoch=warmup + steps + 1, verbose=0,
                        callbacks=[timer, *self.callbacks])
         return timer.step_time
+
+
+def settle(trainee: Trainee, data: tf.data.Dataset, limit: int = 200) -> dict[str, Any]:
+    """``auto``: train (untimed) until its online check has chosen, in fits of 10 steps (every
+    rank stops at the same fit: the decisions are agreed). What it chose and what that cost."""
+    ex = trainee.model.optimizer._hvdo
+    steps, start = 0, time.perf_counter()
+    while not ex.settled and steps < limit:
+        trainee.model.fit(data, epochs=1, steps_per_epoch=10, verbose=0,
+                          callbacks=trainee.callbacks)
+        steps += 10
+    return {"settled": ex.settled, "choice": ex.current.describe(), "keywords":
+            ex.current.keywords(), "steps": steps, "seconds": time.perf_counter() - start,
+            "log": ex.log, "measured_ms": {c.describe(): t * 1e3 for c, t in ex.measured.items()}}
 
 
 def record_timeline(trainee: Trainee, data: tf.data.Dataset, steps: int, path: str) -> bool:
@@ -182,6 +196,12 @@ def run(job: Job) -> dict[str, Any] | None:
     times: dict[str, float] = {}
     timelines: dict[str, str] = {}
     trainees = {s: Trainee(s, cfg) for s in names}
+    chosen: dict[str, Any] = {}
+    if AUTO in trainees:  # before any timing: the choice is made once, in its first steps
+        chosen = settle(trainees[AUTO], data)
+        if rank == 0:
+            progress(f"round {job.round + 1}/{cfg.rounds} auto chose {chosen['choice']} in "
+                     f"{chosen['steps']} steps ({chosen['seconds']:.1f} s)")
     for s in names[r:] + names[:r]:
         mine = trainees[s].run(data, cfg.warmup, cfg.steps)
         times[s] = max(hvd.allgather_object(mine, name=f"hvdo.bench.{job.round}.{s}"))
@@ -206,6 +226,7 @@ def run(job: Job) -> dict[str, Any] | None:
     return {"strategies": names, "round": job.round, "ranks": size,
             "global_batch": cfg.batch_size * size, "params": model.count_params(),
             "grad_bytes": gradient_bytes(model), "step_times": times, "timelines": timelines,
+            "auto": chosen,
             "optimizer_state_bytes": memory, "clean_process": clean, "plugin_modules": loaded,
             "pinned": pinned is not None, "load_avg_1min": os.getloadavg()[0],
             "horovod_env": {k: v for k, v in sorted(os.environ.items())

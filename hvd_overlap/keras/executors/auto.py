@@ -1,0 +1,311 @@
+"""``strategy="auto"`` (and ``bucket_bytes="auto"`` / ``defer="auto"``): choose the plan at run
+time, by the simulator's prediction and then by measurement.
+
+1. The first steps run a *probe* plan (stock Horovod's fusion for ``auto``; the user's strategy
+   at the default bucket size otherwise) and time ``TRIAL_STEPS`` of them.
+2. Between two steps, on every rank: a few collectives measure the link, the model's variables
+   (and the FLOPs of its layers, when ``OverlapCallback`` gave the model) make a profile whose
+   compute is fitted so the simulator reproduces the probe's measured step, and the simulator
+   ranks every candidate (``hvd_overlap.tools.autoplan``).
+3. The predicted best and the best of another strategy are each run for ``TRIAL_STEPS`` timed
+   steps; the fastest measured plan is kept (the probe unless another is faster by more than
+   ``MEASURED_MARGIN``), and rank 0 logs the choice with the reason, once.
+
+Every timing is averaged over the ranks before it is compared, so every rank takes the same
+decisions. A plan change is exact: the current plan's pending update lands first (``flush``,
+every rank), the next step runs the new plan (the train function is traced again), and all the
+candidates keep the optimizer's state whole (the Keras optimizer's own slots): no step is lost
+or applied twice.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import horovod.tensorflow as hvd
+import numpy as np
+import tensorflow as tf
+
+from hvd_overlap.comm.link import agree, measure_link
+from hvd_overlap.comm.methods import Grad, GradientMethod, SliceMethod
+from hvd_overlap.comm.planner import Planner
+from hvd_overlap.core.plan import Plan, layer_of
+from hvd_overlap.keras.executors.base import Executor, Plain
+from hvd_overlap.tools import autoplan
+from hvd_overlap.tools.autoplan import Candidate
+from hvd_overlap.tools.simulate import Cluster
+
+#: timed steps per measured plan (after the steps that trace, which are never timed)
+TRIAL_STEPS = 5
+#: steps not timed after a step that traced (a deferring plan's first steady step follows)
+SKIP_AFTER_TRACE = 1
+
+
+def layer_flops_by_name(model: Any) -> dict[str, float]:
+    """Forward FLOPs at batch 1 of every layer with trainable weights, by the layer name its
+    variables carry (``core.plan.layer_of``); a layer without weights adds its FLOPs to the next
+    one that has some. Layers whose shapes are unknown (subclassed models) are left out."""
+    from hvd_overlap.tools.flops import layer_flops
+
+    out: dict[str, float] = {}
+    carried = 0.0
+    for layer in _leaf_layers(model):
+        try:
+            f = float(layer_flops(layer, 1))
+        except Exception:  # noqa: BLE001 -- no static shapes: leave it to the parameter count
+            f = 0.0
+        weights = layer.trainable_weights
+        if weights:
+            out[layer_of(weights[0].name)] = f + carried if f else 0.0
+            carried = 0.0
+        else:
+            carried += f
+    return {k: v for k, v in out.items() if v > 0}
+
+
+def _leaf_layers(layer: Any):
+    subs = getattr(layer, "layers", None)
+    if not subs:
+        if not isinstance(layer, tf.keras.layers.InputLayer):
+            yield layer
+        return
+    for sub in subs:
+        yield from _leaf_layers(sub)
+
+
+def cluster_of(link) -> Cluster:
+    """The simulator's cluster for a measured link: the fixed cost of a collective is Horovod's
+    per-cycle cost at this number of ranks, the ring bandwidth the measured one."""
+    grow = math.log2(link.ranks) if link.ranks > 1 else 1.0
+    return Cluster(ranks=link.ranks, bandwidth=link.bandwidth,
+                   negotiation_s=link.per_collective_s / grow)
+
+
+class AutoExecutor(Executor):
+    """Runs one whole-state executor at a time (the probe, the trials, then the choice) and
+    switches between them exactly, between steps."""
+
+    defers = True  # a candidate may defer: OverlapCallback / make_train_step install its phase
+
+    def __init__(self, opt: Any, plain: Plain, planner: Planner, child: Callable[[Candidate],
+                 Executor], probe: Candidate, pool: Callable[[autoplan.Profile], Sequence[
+                     Candidate]], settings: Any, label: str):
+        super().__init__(opt, plain, planner, None, settings)  # type: ignore[arg-type]
+        self._make_child = child
+        self._children: dict[Candidate, Executor] = {}
+        self.probe = probe
+        self._pool = pool
+        self.label = label              # "auto", or "hybrid (bucket_bytes='auto')"
+        self.current = probe
+        self.measured: dict[Candidate, float] = {}
+        self.queue: list[Candidate] | None = None   # None: the model has not ranked yet
+        self.forced_trials: list[Candidate] | None = None  # tests: measure these instead
+        self.settled = False
+        self.reason = f"measuring {probe.describe()} first"
+        self.log: list[str] = []
+        self.model: Any = None
+        self.traces = 0
+        self._seen_traces = 0
+        self._skip = 0
+        self._samples: list[float] = []
+        self._switched = False
+        self._decisions = 0
+        self.switches = 0
+
+    # -- the executor in use ---------------------------------------------------------------
+
+    def child(self, c: Candidate | None = None) -> Executor:
+        c = c or self.current
+        if c not in self._children:
+            made = self._make_child(c)
+            made.local_refs = self.local_refs
+            self._children[c] = made
+        return self._children[c]
+
+    @property
+    def strategy(self) -> str:
+        return "auto"
+
+    @property
+    def last_plan(self) -> Plan | None:
+        plan = self.child().last_plan
+        if plan is None:
+            return None
+        note = (f"{self.label}: {self.current.describe()} -- {self.reason}")
+        return Plan(plan.strategy, plan.bucket_bytes, plan.buckets, plan.notes + (note,),
+                    plan.fused_by_horovod)
+
+    @property
+    def planner(self) -> Planner:  # type: ignore[override]
+        return self.child().planner
+
+    @planner.setter
+    def planner(self, value: Planner) -> None:
+        pass  # the base class's constructor sets it; the children own theirs
+
+    def set_method(self, method: GradientMethod | SliceMethod) -> None:
+        raise ValueError("strategy='auto' chooses how buckets travel; to register a bucket "
+                         "method, pass a strategy (e.g. strategy='layerwise')")
+
+    def attach_model(self, model: Any) -> None:
+        """The model being trained: its layers' FLOPs shape the profile (OverlapCallback)."""
+        self.model = model
+
+    def apply_gradients(self, grads: list[Grad], variables: list[tf.Variable],
+                        args: tuple, kwargs: dict, reduced: bool = False) -> Any:
+        self.traces += 1  # Python runs here only while a train function is traced
+        return self.child().apply_gradients(grads, variables, args, kwargs, reduced=reduced)
+
+    def reduce_now(self, grads: list[Grad], variables: list[tf.Variable]) -> list[Grad]:
+        return self.child().reduce_now(grads, variables)
+
+    def pre_forward(self) -> None:
+        self.child().pre_forward()
+
+    def flush(self) -> None:
+        self.child().flush()
+
+    @property
+    def pending(self) -> bool:
+        return self.child().pending
+
+    def take_retrace(self) -> bool:
+        switched, self._switched = self._switched, False
+        return self.child().take_retrace() or switched
+
+    # -- the online check ------------------------------------------------------------------
+
+    def observe_step(self, seconds: float, usable: bool = True) -> None:
+        """One train step took ``seconds`` (wall, this rank); ``usable``: a steady step (not
+        the first of an epoch, not one that also landed its own update). Called on every rank
+        after every step, by ``OverlapCallback`` and ``make_train_step``."""
+        if self.settled:
+            return
+        if self.traces != self._seen_traces:  # this step traced: never timed
+            self._seen_traces = self.traces
+            self._skip = SKIP_AFTER_TRACE
+            return
+        if self._skip:
+            self._skip -= 1
+            return
+        if usable:
+            self._samples.append(seconds)
+        if len(self._samples) >= TRIAL_STEPS:
+            self._trial_done()
+
+    def _agree(self, values: list[float]) -> list[float]:
+        self._decisions += 1
+        return agree(values, f"{self.settings.name}.auto.{self._decisions}")
+
+    def _trial_done(self) -> None:
+        (step,) = self._agree([float(np.median(self._samples))])
+        self._samples = []
+        self.measured[self.current] = step
+        if self.queue is None:
+            self.queue = self._rank(step)
+        if self.queue:
+            self._switch(self.queue.pop(0))
+            return
+        best = autoplan.pick(self.measured, self.probe)
+        self.reason = self._why(best)
+        self._switch(best)
+        self.settled = True
+        self._say(f"{self.label} chose {best.describe()}: {self.reason}")
+
+    def _rank(self, probe_s: float) -> list[Candidate]:
+        """The candidates to measure next, from the simulator (or ``forced_trials``)."""
+        if hvd.size() == 1:
+            self.reason = "one rank: nothing to communicate"
+            return []
+        if self.forced_trials is not None:
+            return [c for c in self.forced_trials if c != self.probe]
+        link = measure_link(f"{self.settings.name}.auto.link")
+        plan = self.child().last_plan
+        flops = layer_flops_by_name(self.model) if self.model is not None else None
+        profile = autoplan.profile_from_specs(plan.variables, flops)
+        cluster = cluster_of(link)
+        fitted = autoplan.fit_compute(profile, cluster, self.probe, probe_s)
+        ranked = autoplan.rank(fitted, cluster, self._pool(fitted))
+        self.predicted = {c: r.step_s for c, r in ranked}
+        self.predicted.setdefault(self.probe, probe_s)
+        order = autoplan.trial_order(ranked, self.probe)
+        self._say(f"{self.label}: link {link.bandwidth / 1e6:.0f} MB/s, "
+                  f"{link.per_collective_s * 1e3:.2f} ms per collective; probe "
+                  f"{self.probe.describe()} {probe_s * 1e3:.1f} ms/step (compute fitted: "
+                  f"{fitted.compute_s * 1e3:.1f} ms); predicted: " + "; ".join(
+                      f"{c.describe()} {r.step_s * 1e3:.1f} ms" for c, r in ranked[:3])
+                  + f"; measuring {', '.join(c.describe() for c in order)}")
+        return order
+
+    def _why(self, best: Candidate) -> str:
+        parts = [f"{c.describe()} {t * 1e3:.1f} ms" for c, t in
+                 sorted(self.measured.items(), key=lambda ct: ct[1])]
+        ref = self.measured[self.probe]
+        return (f"measured {self.measured[best] * 1e3:.1f} vs {self.probe.describe()} "
+                f"{ref * 1e3:.1f} ms/step ({ref / self.measured[best]:.2f}x); measured: "
+                + ", ".join(parts))
+
+    def _switch(self, c: Candidate) -> None:
+        """Run ``c`` from the next step: land what the current plan left pending (every rank),
+        then ask for a new train function."""
+        if c == self.current:
+            return
+        self.child().flush()
+        self.current = c
+        self.switches += 1
+        self._switched = True
+        self._samples = []
+
+    def _say(self, message: str) -> None:
+        self.log.append(message)
+        if hvd.rank() == 0:
+            print(f"hvd_overlap: {message}", file=sys.stderr, flush=True)
+
+
+AUTO = "auto"
+
+
+def can_defer(optimizer: Any) -> bool:
+    """True if the deferring plans are exact with this optimizer (``validate_deferring``)."""
+    from hvd_overlap.keras.validation import validate_deferring
+
+    try:
+        validate_deferring(optimizer, "hybrid", 1, None)
+    except ValueError:
+        return False
+    return True
+
+
+def auto_choices(optimizer: Any, strategy: str, bucket_bytes: int | str, defer: int | str | None
+                 ) -> tuple[Candidate, Callable[[autoplan.Profile], list[Candidate]], str]:
+    """(the probe, the pool of candidates for a profile, a label) of an ``"auto"`` setting:
+
+    - ``strategy="auto"``: probe stock Horovod's fusion; pool every whole-state plan
+      (``autoplan.WHOLE_STATE``; without the deferring ones if the optimizer cannot defer);
+    - ``bucket_bytes="auto"``: the named strategy at every bucket size (and, for ``hybrid``
+      without a fixed ``defer``, every split); probe it at the default size;
+    - ``defer="auto"`` (``hybrid``): every split at the given bucket size.
+    """
+    from hvd_overlap.core.plan import DEFAULT_BUCKET_BYTES
+
+    if strategy == AUTO:
+        names = autoplan.WHOLE_STATE if can_defer(optimizer) else ("horovod", "layerwise")
+        return (Candidate("horovod"), lambda prof: autoplan.candidates(prof, strategies=names),
+                "auto")
+    fixed_defer = defer if isinstance(defer, int) else None
+    if bucket_bytes == AUTO:
+        def pool(prof: autoplan.Profile) -> list[Candidate]:
+            got = autoplan.candidates(prof, strategies=(strategy,))
+            if fixed_defer is None:
+                return got
+            return list(dict.fromkeys(Candidate(strategy, c.bucket_bytes, fixed_defer)
+                                      for c in got))
+        return (Candidate(strategy, DEFAULT_BUCKET_BYTES, fixed_defer), pool,
+                f"{strategy} (bucket_bytes='auto')")
+    size = int(bucket_bytes)
+    return (Candidate(strategy, size, None),
+            lambda prof: autoplan.candidates(prof, bucket_sizes=(size,), strategies=(strategy,)),
+            f"{strategy} (defer='auto')")

@@ -1,0 +1,152 @@
+"""``strategy="auto"`` (issue 15): plans switched mid-run by the online check still give stock
+Horovod's weights, every rank takes the same decisions, and the choice is logged once."""
+
+from __future__ import annotations
+
+import horovod.tensorflow as hvd_tf
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import hvd_overlap.keras as hvdo
+from hvd_overlap import DEFAULT_BUCKET_BYTES
+from hvd_overlap.keras.executors import auto
+from hvd_overlap.tools.autoplan import Candidate
+from tests.multirank.helpers import (
+    EPOCHS,
+    ModelCheckpointInTmp,
+    assert_weights_close,
+    max_abs_diff,
+    same_on_all_ranks,
+    stock,
+    stock_reference,
+    train_fit,
+    train_loop,
+)
+from tests.multirank.test_keras_usage import _fit_mixed, _fit_per_batch_lr
+
+# trials of plans that defer part or all of a step (so a switch has a pending update to land)
+TRIALS = [Candidate("hybrid", 2048, 2), Candidate("deferred", 2048)]
+
+
+@pytest.fixture(autouse=True)
+def short_trials(monkeypatch):
+    """Two timed steps per plan, so the probe, both trials and the choice fit in a short run."""
+    monkeypatch.setattr(auto, "TRIAL_STEPS", 2)
+
+
+def auto_with(trials=None, **kw):
+    """``strategy="auto"``; with ``trials``, the online check measures those after the probe
+    (instead of the simulator's ranking), so the test knows which plans it switches through."""
+    made: list = []
+
+    def wrap(opt):
+        o = hvdo.DistributedOptimizer(opt, strategy="auto", **kw)
+        o._hvdo.forced_trials = trials
+        made.append(o)
+        return o
+    wrap.made = made
+    return wrap
+
+
+def _ran_through_trials(opt) -> None:
+    ex = opt._hvdo
+    assert ex.settled, f"the online check did not finish: {ex.reason}"
+    assert set(ex.measured) == {Candidate("horovod"), *TRIALS}
+    assert ex.switches >= len(TRIALS)
+    decided = hvd_tf.allgather_object((ex.current, ex.log), name=f"auto.same.{ex.switches}")
+    assert decided[0] == decided[1], "ranks decided differently"
+
+
+@pytest.mark.parametrize("opt_name", ["sgd_momentum", "adam", "sgd_schedule"])
+def test_fit_switching_plans_matches_stock(opt_name):
+    ckpt = ModelCheckpointInTmp()
+    wrap = auto_with(TRIALS)
+    got = train_fit("cnn_bn", opt_name, wrap, validation=True, callbacks=[ckpt.callback])
+    _ran_through_trials(wrap.made[0])
+    assert_weights_close(got, stock_reference("cnn_bn", opt_name))
+    assert same_on_all_ranks(got)
+    assert ckpt.saved() == EPOCHS
+
+
+def test_custom_loop_switching_plans_matches_tape():
+    ref = train_loop("cnn_bn", "adam", lambda o: o, tape_wrap=hvd_tf.DistributedGradientTape)
+    wrap = auto_with(TRIALS)
+    got = train_loop("cnn_bn", "adam", wrap)
+    _ran_through_trials(wrap.made[0])
+    assert_weights_close(got, ref)
+
+
+def test_simulator_ranked_choice_matches_stock_and_is_logged_once():
+    """No forced trials: the link is measured, the profile fitted to the probe's steps, the
+    simulator's two best measured; the choice is the same on every rank and in the plan."""
+    wrap = auto_with()
+    got = train_fit("cnn_bn", "sgd_momentum", wrap, epochs=EPOCHS)
+    opt = wrap.made[0]
+    ex = opt._hvdo
+    assert ex.settled and len(ex.measured) == 3, ex.log
+    assert len(ex.log) == 2 and "chose" in ex.log[1] and "link" in ex.log[0]
+    assert ex.current == auto.autoplan.pick(ex.measured, Candidate("horovod"))
+    assert "auto:" in opt.plan.describe()
+    logs = hvd_tf.allgather_object(ex.log[1], name="auto.logged")
+    assert logs[0] == logs[1]
+    assert_weights_close(got, stock_reference("cnn_bn", "sgd_momentum"))
+
+
+def test_a_switch_lands_the_pending_update_first():
+    """Negative control of the exactness above: the same run where a switch drops the pending
+    update instead of landing it ends elsewhere, so the tests can see a lost step."""
+    wrap = auto_with(TRIALS)
+    original = auto.AutoExecutor._switch
+
+    def dropping(self, c):
+        if self.child().pending:
+            self.child().phase.pending.assign(False)  # the deferred buckets never land
+        original(self, c)
+
+    auto.AutoExecutor._switch = dropping
+    try:
+        got = train_fit("cnn_bn", "sgd_momentum", wrap, check_steps=False)
+    finally:
+        auto.AutoExecutor._switch = original
+    assert max_abs_diff(got, stock_reference("cnn_bn", "sgd_momentum")) > 1e-4
+
+
+def test_mixed_precision_with_overflow_equals_stock():
+    want, want_scale, want_steps = _fit_mixed(stock)
+    wrap = auto_with(TRIALS)
+    got, scale, steps = _fit_mixed(wrap)
+    assert wrap.made[0]._hvdo.switches >= 1
+    assert (scale, steps) == (want_scale, want_steps)
+    for a, b in zip(want, got, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("opt_name", ["sgd_momentum", "legacy_sgd_momentum"])
+def test_per_batch_learning_rate_callbacks_equal_stock(opt_name):
+    factory = {"sgd_momentum": lambda: tf.keras.optimizers.SGD(0.1, momentum=0.9),
+               "legacy_sgd_momentum": lambda: tf.keras.optimizers.legacy.SGD(0.1, momentum=0.9),
+               }[opt_name]
+    want = _fit_per_batch_lr(stock, factory)
+    wrap = auto_with(TRIALS)
+    got = _fit_per_batch_lr(wrap, factory)
+    assert wrap.made[0]._hvdo.switches >= 1
+    for a, b in zip(want, got, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_bucket_bytes_auto_keeps_the_named_strategy_and_matches_stock():
+    made: list = []
+
+    def wrap(opt):
+        o = hvdo.DistributedOptimizer(opt, strategy="hybrid", bucket_bytes="auto")
+        o._hvdo.forced_trials = [Candidate("hybrid", 1024, 1), Candidate("hybrid", 8192, 1)]
+        made.append(o)
+        return o
+    got = train_fit("cnn_bn", "sgd_momentum", wrap)
+    ex = made[0]._hvdo
+    assert ex.settled and ex.current.strategy == "hybrid"
+    assert ex.probe == Candidate("hybrid", DEFAULT_BUCKET_BYTES)
+    assert set(ex.measured) == {ex.probe, *ex.forced_trials}
+    assert_weights_close(got, stock_reference("cnn_bn", "sgd_momentum"))
+

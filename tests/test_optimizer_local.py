@@ -147,6 +147,22 @@ def test_cli_plan_prints_the_plan_of_a_saved_model(tmp_path):
     assert f"{model.layers[-1].name}/kernel:0" in "".join(result.output.splitlines()[3:5])
 
 
+def test_auto_without_the_callback_keeps_its_probe_and_names_the_fix():
+    x, y = data()
+    loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    want = small_model()
+    want.compile(tf.keras.optimizers.SGD(0.1, momentum=0.9), loss)
+    want.fit(x, y, batch_size=16, epochs=1, verbose=0, shuffle=False)
+    model = small_model()
+    opt = hvdo.DistributedOptimizer(tf.keras.optimizers.SGD(0.1, momentum=0.9), strategy="auto")
+    model.compile(opt, loss)
+    with pytest.warns(UserWarning, match="cannot time its plans.*OverlapCallback"):
+        model.fit(x, y, batch_size=16, epochs=1, verbose=0, shuffle=False)
+    assert opt._hvdo.measured == {} and opt._hvdo.switches == 0
+    for a, b in zip(want.get_weights(), model.get_weights(), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+
+
 def test_deferring_refuses_global_clipnorm():
     with pytest.raises(ValueError, match="global_clipnorm.*clipnorm"):
         hvdo.DistributedOptimizer(tf.keras.optimizers.SGD(0.1, global_clipnorm=1.0),

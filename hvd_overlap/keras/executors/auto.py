@@ -2,26 +2,29 @@
 time, by the simulator's prediction and then by measurement.
 
 1. The first steps run a *probe* plan (stock Horovod's fusion for ``auto``; the user's strategy
-   at the default bucket size otherwise) and time ``TRIAL_STEPS`` of them.
+   at the default bucket size otherwise): a trial of ``WARM_STEPS + TRIAL_STEPS`` steps, of
+   which the steady ones are timed (not a step that traced, nor the one after it).
 2. Between two steps, on every rank: a few collectives measure the link, the model's variables
    (and the FLOPs of its layers, when ``OverlapCallback`` gave the model) make a profile whose
    compute is fitted so the simulator reproduces the probe's measured step, and the simulator
    ranks every candidate (``hvd_overlap.tools.autoplan``).
-3. The predicted best and the best of another strategy are each run for ``TRIAL_STEPS`` timed
-   steps; the fastest measured plan is kept (the probe unless another is faster by more than
+3. The predicted best and the best of another strategy each get a trial of the same length;
+   the fastest measured plan is kept (the probe unless another is faster by more than
    ``MEASURED_MARGIN``), and rank 0 logs the choice with the reason, once.
 
-Every timing is averaged over the ranks before it is compared, so every rank takes the same
-decisions. A plan change is exact: the current plan's pending update lands first (``flush``,
-every rank), the next step runs the new plan (the train function is traced again), and all the
-candidates keep the optimizer's state whole (the Keras optimizer's own slots): no step is lost
-or applied twice.
+A trial ends after a fixed number of steps, the same on every rank whatever each rank could
+time, and its timing is averaged over the ranks before it is compared: every rank takes the
+same decisions at the same step, so none is left waiting in a collective. A plan change is
+exact: the current plan's pending update lands first (``flush``, every rank), the next step
+runs the new plan (the train function is traced again), and all the candidates keep the
+optimizer's state whole (the Keras optimizer's own slots): no step is lost or applied twice.
 """
 
 from __future__ import annotations
 
 import math
 import sys
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -34,11 +37,14 @@ from hvd_overlap.comm.methods import Grad, GradientMethod, SliceMethod
 from hvd_overlap.comm.planner import Planner
 from hvd_overlap.core.plan import Plan, layer_of
 from hvd_overlap.keras.executors.base import Executor, Plain
+from hvd_overlap.keras.executors.forward_phase import ForwardPhase
 from hvd_overlap.tools import autoplan
 from hvd_overlap.tools.autoplan import Candidate
 from hvd_overlap.tools.simulate import Cluster
 
-#: timed steps per measured plan (after the steps that trace, which are never timed)
+#: steps of a trial: room for a deferring plan's two traced steps and the step after them...
+WARM_STEPS = 3
+#: ...then the steps it is timed over
 TRIAL_STEPS = 5
 #: steps not timed after a step that traced (a deferring plan's first steady step follows)
 SKIP_AFTER_TRACE = 1
@@ -110,10 +116,13 @@ class AutoExecutor(Executor):
         self.traces = 0
         self._seen_traces = 0
         self._skip = 0
+        self._steps = 0                 # steps of the current trial
         self._samples: list[float] = []
         self._switched = False
         self._decisions = 0
         self.switches = 0
+        self._marks = ForwardPhase("auto")  # which graphs run the pre-forward phase
+        self._warned = False
 
     # -- the executor in use ---------------------------------------------------------------
 
@@ -157,12 +166,22 @@ class AutoExecutor(Executor):
     def apply_gradients(self, grads: list[Grad], variables: list[tf.Variable],
                         args: tuple, kwargs: dict, reduced: bool = False) -> Any:
         self.traces += 1  # Python runs here only while a train function is traced
+        if not self._marks.installed() and not self._warned:
+            self._warned = True
+            if hvd.rank() == 0:
+                warnings.warn(
+                    "hvd_overlap: strategy='auto' ran a step without OverlapCallback / "
+                    "make_train_step, so it cannot time its plans: it keeps "
+                    f"{self.current.describe()}. Add hvd_overlap.keras.OverlapCallback() to "
+                    "model.fit's callbacks, or build custom-loop steps with "
+                    "opt.make_train_step(step_fn, model=model).", stacklevel=4)
         return self.child().apply_gradients(grads, variables, args, kwargs, reduced=reduced)
 
     def reduce_now(self, grads: list[Grad], variables: list[tf.Variable]) -> list[Grad]:
         return self.child().reduce_now(grads, variables)
 
     def pre_forward(self) -> None:
+        self._marks.mark()
         self.child().pre_forward()
 
     def flush(self) -> None:
@@ -184,16 +203,15 @@ class AutoExecutor(Executor):
         after every step, by ``OverlapCallback`` and ``make_train_step``."""
         if self.settled:
             return
+        self._steps += 1
         if self.traces != self._seen_traces:  # this step traced: never timed
             self._seen_traces = self.traces
             self._skip = SKIP_AFTER_TRACE
-            return
-        if self._skip:
+        elif self._skip:
             self._skip -= 1
-            return
-        if usable:
+        elif usable:
             self._samples.append(seconds)
-        if len(self._samples) >= TRIAL_STEPS:
+        if self._steps >= WARM_STEPS + TRIAL_STEPS:
             self._trial_done()
 
     def _agree(self, values: list[float]) -> list[float]:
@@ -201,8 +219,13 @@ class AutoExecutor(Executor):
         return agree(values, f"{self.settings.name}.auto.{self._decisions}")
 
     def _trial_done(self) -> None:
-        (step,) = self._agree([float(np.median(self._samples))])
-        self._samples = []
+        mine = [float(np.median(self._samples)), 1.0] if self._samples else [0.0, 0.0]
+        total, timed = self._agree(mine)  # averages: the mean over the ranks that timed steps
+        self._samples, self._steps = [], 0
+        if not timed:  # no rank had a steady step (tiny epochs): this plan counts as slowest
+            step = float("inf")
+        else:
+            step = total / timed
         self.measured[self.current] = step
         if self.queue is None:
             self.queue = self._rank(step)
@@ -219,6 +242,9 @@ class AutoExecutor(Executor):
         """The candidates to measure next, from the simulator (or ``forced_trials``)."""
         if hvd.size() == 1:
             self.reason = "one rank: nothing to communicate"
+            return []
+        if not math.isfinite(probe_s):
+            self.reason = "no steady step could be timed (epochs too short): keeping the probe"
             return []
         if self.forced_trials is not None:
             return [c for c in self.forced_trials if c != self.probe]

@@ -1,0 +1,78 @@
+"""The measured grid of ``strategy="auto"`` (``scripts/auto-bench``):
+
+    python -m hvd_overlap.tools.bench.auto_results OUT.md RUN.json [RUN.json ...]
+
+Each RUN.json is a ``hvd-overlap bench --json`` file with ``auto`` among its strategies. Per run:
+auto's step time against real stock Horovod's and against the best fixed strategy of the same
+run (stock included), and what auto chose in each round.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from hvd_overlap.tools.bench import report
+from hvd_overlap.tools.bench.config import AUTO, LOCAL, STOCK
+
+
+def row(run: dict[str, Any]) -> dict[str, Any]:
+    """One run's figures: step times (s), the best fixed strategy, auto's ratios and picks."""
+    s, raw = run["strategies"], run["raw"]
+    fixed = {n: m["step_time_s"] for n, m in s.items() if n not in (AUTO, LOCAL)}
+    best = min(fixed, key=lambda n: fixed[n])
+    auto = s[AUTO]["step_time_s"]
+    return {"config": raw["config"], "local": s.get(LOCAL, {}).get("step_time_s"),
+            "stock": fixed[STOCK], "wire": s[STOCK].get("wire_s"), "best": best,
+            "best_s": fixed[best], "auto": auto, "vs_stock": fixed[STOCK] / auto,
+            "vs_best": fixed[best] / auto,
+            "picks": [p["choice"] for p in raw.get("auto_choices", [])],
+            "settle_steps": [p["steps"] for p in raw.get("auto_choices", [])]}
+
+
+def markdown(runs: list[dict[str, Any]]) -> str:
+    """The grid table and its worst cases."""
+    rows = [row(r) for r in runs]
+
+    def ms(x: float | None) -> str:
+        return "-" if x is None else f"{x * 1e3:.0f}"
+
+    lines = [
+        "| model | network | batch/rank | local ms | stock ms | stock wire ms | best fixed "
+        "(ms) | auto ms | auto / stock | auto / best fixed | auto's pick per round |",
+        "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        c = r["config"]
+        counts = {p: r["picks"].count(p) for p in dict.fromkeys(r["picks"])}
+        picks = "; ".join(f"{p} ({n}/{len(r['picks'])})" for p, n in counts.items()) or "-"
+        lines.append(
+            f"| {c['model']} | {report.net_label(c)} | {c['batch_size']} | {ms(r['local'])} | "
+            f"{ms(r['stock'])} | {ms(r['wire'])} | {r['best']} ({ms(r['best_s'])}) | "
+            f"{ms(r['auto'])} | {r['vs_stock']:.2f}x | {r['vs_best']:.2f}x | {picks} |")
+    if rows:
+        worst_stock = min(rows, key=lambda r: r["vs_stock"])
+        worst_best = min(rows, key=lambda r: r["vs_best"])
+        lines += ["", f"Lowest auto / stock: {worst_stock['vs_stock']:.2f}x "
+                      f"({_where(worst_stock)}); lowest auto / best fixed: "
+                      f"{worst_best['vs_best']:.2f}x ({_where(worst_best)}); runs with auto "
+                      f">= 0.98x stock: {sum(r['vs_stock'] >= 0.98 for r in rows)} of "
+                      f"{len(rows)}; within 3% of the best fixed: "
+                      f"{sum(r['vs_best'] >= 0.97 for r in rows)} of {len(rows)}."]
+    return "\n".join(lines) + "\n"
+
+
+def _where(r: dict[str, Any]) -> str:
+    c = r["config"]
+    return f"{c['model']}, {report.net_label(c)}, {c['batch_size']}/rank"
+
+
+def main(argv: list[str]) -> None:
+    md_path, *paths = argv
+    runs = [json.loads(Path(p).read_text()) for p in paths]
+    Path(md_path).write_text(markdown(runs))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -69,6 +69,14 @@ def test_fit_switching_plans_matches_stock(opt_name):
     assert ckpt.saved() == EPOCHS
 
 
+@pytest.mark.parametrize("model_name", ["shared_layer", "embedding", "unused_branch"])
+def test_model_kinds_switching_plans_match_stock(model_name):
+    wrap = auto_with(TRIALS)
+    got = train_fit(model_name, "sgd_momentum", wrap)
+    assert wrap.made[0]._hvdo.settled
+    assert_weights_close(got, stock_reference(model_name, "sgd_momentum"))
+
+
 def test_custom_loop_switching_plans_matches_tape():
     ref = train_loop("cnn_bn", "adam", lambda o: o, tape_wrap=hvd_tf.DistributedGradientTape)
     wrap = auto_with(TRIALS)

@@ -121,6 +121,7 @@ class AutoExecutor(Executor):
         self._switched = False
         self._decisions = 0
         self.switches = 0
+        self.predicted: dict[Candidate, float] = {}  # the simulator's step of each candidate
         self._marks = ForwardPhase("auto")  # which graphs run the pre-forward phase
         self._warned = False
 
@@ -270,9 +271,11 @@ class AutoExecutor(Executor):
         parts = [f"{c.describe()} {t * 1e3:.1f} ms" for c, t in
                  sorted(self.measured.items(), key=lambda ct: ct[1])]
         ref = self.measured[self.probe]
+        said = self.predicted.get(best)
         return (f"measured {self.measured[best] * 1e3:.1f} vs {self.probe.describe()} "
-                f"{ref * 1e3:.1f} ms/step ({ref / self.measured[best]:.2f}x); measured: "
-                + ", ".join(parts))
+                f"{ref * 1e3:.1f} ms/step ({ref / self.measured[best]:.2f}x"
+                + (f"; predicted {said * 1e3:.1f} ms" if said is not None else "")
+                + "); measured: " + ", ".join(parts))
 
     def _switch(self, c: Candidate) -> None:
         """Run ``c`` from the next step: land what the current plan left pending (every rank),

@@ -147,6 +147,28 @@ def test_cli_plan_prints_the_plan_of_a_saved_model(tmp_path):
     assert f"{model.layers[-1].name}/kernel:0" in "".join(result.output.splitlines()[3:5])
 
 
+def test_cli_plan_shows_the_exchange_choice_per_layer(tmp_path):
+    from click.testing import CliRunner
+
+    from hvd_overlap.tools.cli import main
+
+    path = str(tmp_path / "m.keras")
+    tf.keras.Sequential([tf.keras.layers.Dense(512, input_shape=(1024,), name="wide"),
+                         tf.keras.layers.Dense(10, name="out")]).save(path)
+    args = ["plan", path, "--strategy", "sharded", "--exchange", "auto", "--np", "4",
+            "--batch-size", "32"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    rows = [line for line in result.output.splitlines() if "exchange+allgather" in line]
+    assert len(rows) == 1 and rows[0].endswith("wide")
+    assert "wide/kernel:0 [1024, 512] at 32/rank x 1 call(s) on 4 ranks: exchange" in \
+        result.output
+    assert "out/kernel:0 [512, 10] at 32/rank x 1 call(s) on 4 ranks: reduce-scatter" in \
+        result.output
+    bad = CliRunner().invoke(main, ["plan", path, "--exchange", "auto"])
+    assert bad.exit_code != 0 and "sharded" in bad.output
+
+
 def test_auto_without_the_callback_keeps_its_probe_and_names_the_fix():
     x, y = data()
     loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)

@@ -2,22 +2,26 @@
 shipped profiles, FLOPs counting, and the `profile` / `simulate` commands."""
 
 import json
+from dataclasses import replace
 
 import pytest
 import tensorflow as tf
 from click.testing import CliRunner
 
-from hvd_overlap.core.plan import FORWARD, VarSpec, build_layerwise_plan
+from hvd_overlap.core.exchange import DenseShape
+from hvd_overlap.core.plan import EXCHANGE, FORWARD, VarSpec, build_layerwise_plan
 from hvd_overlap.tools.cli import main
-from hvd_overlap.tools.flops import layer_flops
+from hvd_overlap.tools.flops import dense_kernel, layer_flops
 from hvd_overlap.tools.scaling import parse_duration, parse_ranks, validation_markdown
 from hvd_overlap.tools.simulate import (
+    EXCHANGE_STRATEGIES,
     STRATEGIES,
     Cluster,
     Layer,
     Profile,
     buckets_of,
     build_step,
+    exchange_choices,
     load_profile,
     plan_of,
     run_step,
@@ -53,6 +57,10 @@ def test_ring_costs_by_hand():
     assert gloo.allreduce(100) == pytest.approx(1.0)
     assert gloo.reduce_scatter(100) == pytest.approx(1.0)
     assert gloo.allgather(100) == pytest.approx(2.0)
+    # alltoall of 100 B on each rank: keeps 1/4, sends 3/4 in 3 pairwise steps
+    assert c.alltoall(100) == pytest.approx(3 / 4 + 3 * 0.5)
+    assert c.wire_bytes("alltoall", 100) == 75
+    assert Cluster(2, 100.0, alltoall_bandwidth=25.0).alltoall(100) == pytest.approx(2.0)
 
 
 def test_one_bucket_after_compute():
@@ -204,6 +212,9 @@ def test_layer_flops_by_hand():
     conv = tf.keras.Sequential([tf.keras.layers.Conv2D(2, 3, padding="same",
                                                        input_shape=(5, 5, 1))])
     assert layer_flops(conv.layers[0], 1) == 25 * 2 * (2 * 9 * 1 + 1)
+    assert dense_kernel(dense.layers[0]) == (4, 3) and dense_kernel(conv.layers[0]) is None
+    seq = tf.keras.Sequential([tf.keras.layers.Dense(3, input_shape=(5, 4))])  # on sequences
+    assert dense_kernel(seq.layers[0]) is None
 
 
 def test_parsers():
@@ -232,6 +243,7 @@ def test_profile_command_measures_a_functional_model(tmp_path):
     assert res.exit_code == 0, res.output
     prof = load_profile(out)
     assert [la.tensors for la in prof.layers] == [2, 2, 0, 0, 2]
+    assert [la.dense for la in prof.layers] == [None] * 4 + [(4, 2)]
     assert prof.grad_bytes == 4 * tiny_model().count_params()
     assert prof.meta["source"] == "measured" and prof.meta["step_s"] > 0
 
@@ -337,3 +349,160 @@ def test_validation_compares_stock_with_the_stock_model_and_skips_unprofiled_mod
     by = {c.strategy: c for c in checks}
     assert by["stock"].measured == stock and by["stock"].predicted is not None
     assert "c.json`: not validated" in table and all(c.model == "vgg" for c in checks)
+
+
+# --- the dense factor exchange (sharded+exchange: sharded with exchange="auto") ---------------
+
+# x (no weights) -> fc, an 8x4 kernel without bias, batch 1: at P=2 the exchange sends
+# 1/2*8 + 1*4 = 8 activation elements plus 16 of the rows' all-gather (24 < 32 for sharded).
+FC = Profile("fc", 1, (Layer("x", 1.0, 1.0), Layer("fc", 1.0, 2.0, 4 * 32, tensors=1,
+                                                 dense=(8, 4))))
+
+
+def test_exchange_step_by_hand():
+    c = cluster(bandwidth=8.0)  # P=2: 16 B of any collective's share take 1 s
+    # sharded: all-gather of the 128 B kernel 0-8, forward x 0-1, fc 8-9, backward fc 9-11,
+    # x 11-12; reduce-scatter 11-19
+    assert simulate(FC, "sharded", c).step_s == pytest.approx(19.0)
+    tasks, reqs = build_step(FC, "sharded+exchange", c)
+    out = run_step(tasks, reqs, c)
+    # exchange: as fc's backward starts (9) its input (alltoall of 32 B) 9-11 and output errors
+    # (all-gather of 2 x 16 B) 11-13 travel; backward fc without its kernel GEMM (the forward's
+    # 1 s) 9-10, x 10-11; the kernel's rows 13-14; no reduce-scatter
+    assert out["done"] == pytest.approx({"allgather bucket 0": 8.0,
+                                         "alltoall inputs bucket 0": 11.0,
+                                         "allgather errors bucket 0": 13.0})
+    assert out["end"] == pytest.approx(14.0)
+    assert [r.kind for r in reqs] == ["allgather", "alltoall", "allgather"]
+
+
+def test_exchange_wire_bytes_are_the_shapes():
+    shape = DenseShape(8, 4, batch=1)
+    for p in (2, 4):  # it pays while 1 x (8 + 4 P) < 32
+        c = cluster(ranks=p)
+        assert shape.exchange_pays(p)
+        r = simulate(FC, "sharded+exchange", c)
+        assert r.wire_bytes == pytest.approx(shape.exchange_elements(p) * 4)
+        assert simulate(FC, "sharded", c).wire_bytes == pytest.approx(
+            shape.sharded_elements(p) * 4)
+    # a bias of 4 floats is reduce-scattered and all-gathered as usual, in a bucket of its own
+    biased = Profile("fcb", 1, (FC.layers[0], replace(FC.layers[1], grad_bytes=4 * 36,
+                                                        tensors=2)))
+    r = simulate(biased, "sharded+exchange", cluster(ranks=4))
+    assert r.wire_bytes == pytest.approx(shape.exchange_elements(4) * 4 + 2 * 3 / 4 * 16)
+    plan = plan_of(biased, "sharded+exchange", ranks=4)
+    assert [(b.collective, [v.name for v in b.variables]) for b in plan.buckets] == [
+        ("reducescatter+allgather", ["fc/grad"]), (EXCHANGE, ["fc/kernel"])]
+    assert [b.tensors for b in buckets_of(biased, plan=plan)] == [1, 1]
+    # a batch where it does not pay: the kernel is reduce-scattered, the bytes are sharded's
+    big = replace(FC, batch_size=64)
+    assert not DenseShape(8, 4, 64).exchange_pays(2)
+    assert simulate(big, "sharded+exchange", c).wire_bytes == pytest.approx(
+        simulate(big, "sharded", c).wire_bytes)
+
+
+def test_exchange_choices_follow_exchange_pays():
+    vgg = load_profile("vgg16")
+    for p in (8, 128, 512):
+        got = {c.layer: c for c in exchange_choices(vgg, p)}
+        assert list(got) == ["fc1", "fc2", "predictions"]
+        for la in vgg.layers:
+            if la.dense:
+                shape = DenseShape(*la.dense, batch=vgg.batch_size)
+                assert got[la.name].shape == shape
+                assert got[la.name].exchanged == shape.exchange_pays(p)
+                assert got[la.name].exchange_bytes == pytest.approx(
+                    shape.exchange_elements(p) * 4)
+    # fc6/fc7 (fc1/fc2 here) pay at moderate P; as P x B grows, fc2 and then fc1 stop paying
+    assert [c.exchanged for c in exchange_choices(vgg, 32)] == [True, True, True]
+    assert [c.exchanged for c in exchange_choices(vgg, 512)] == [True, False, False]
+    assert [c.exchanged for c in exchange_choices(replace(vgg, batch_size=256), 512)] == \
+        [False, False, False]
+
+
+@pytest.mark.parametrize("name", ["vgg16", "mlp-b64-cpu", "vgg-b64-cpu", "resnet50"])
+def test_exchange_never_slower_on_a_bandwidth_bound_link(name):
+    prof = load_profile(name)
+    exchanged = 0
+    for bandwidth in (1.25e8, 1.25e9, 1.25e10):
+        for p in (2, 8, 32, 128, 512):
+            c = Cluster(ranks=p, bandwidth=bandwidth, cycle_s=0.0)
+            pays = any(c.exchanged for c in exchange_choices(prof, p))
+            for base in ("sharded", "sharded_hybrid"):
+                plain, ex = simulate(prof, base, c), simulate(prof, base + "+exchange", c)
+                # a kernel the exchange does not carry keeps a bucket of its own (the layout
+                # is fixed before the batch is known): a collective's start-up more, no worse
+                assert ex.step_s <= plain.step_s * 1.002, (base, bandwidth, p)
+                if pays:
+                    exchanged += 1
+                    assert ex.wire_bytes < plain.wire_bytes
+                else:
+                    assert ex.wire_bytes == pytest.approx(plain.wire_bytes)
+    assert exchanged  # every profile has kernels that pay somewhere
+
+
+def test_exchange_strategy_without_dense_layers_is_sharded():
+    vgg = load_profile("vgg16")
+    plain_vgg = replace(vgg, layers=tuple(replace(la, dense=None) for la in vgg.layers))
+    c = Cluster(ranks=64, bandwidth=25e9 / 8, latency=1e-5, negotiation_s=5e-4, tensor_s=1e-4)
+    for prof in (TWO, THREE, plain_vgg):
+        for base in ("sharded", "sharded_hybrid"):
+            for kw in ({}, {"bucket_bytes": 100}):
+                a = simulate(prof, base, replace(c, **kw))
+                b = simulate(prof, f"{base}+exchange", replace(c, **kw))
+                assert replace(b, strategy=base) == a, (prof.model, base, kw)
+    # with its dense layers, VGG-16's exchange variant differs (and sends less)
+    r = simulate(vgg, "sharded+exchange", c)
+    assert r.wire_bytes < simulate(vgg, "sharded", c).wire_bytes
+
+
+def test_profile_round_trip_with_dense(tmp_path):
+    prof = Profile("p", 8, (Layer("conv", 1.0, 2.0, 40, tensors=2),
+                            Layer("fc", 0.5, 1.0, 4 * (6 * 3 + 3), tensors=2, dense=(6, 3))),
+                   update_s=0.1, meta={"source": "test"})
+    path = tmp_path / "p.json"
+    prof.save(path)
+    raw = json.loads(path.read_text())
+    assert "dense" not in raw["layers"][0] and raw["layers"][1]["dense"] == [6, 3]
+    back = load_profile(path)
+    assert back == prof and back.layers[1].dense == (6, 3)
+    assert back.layers[1].kernel_bytes == 72 and back.layers[0].kernel_bytes == 0
+    # a profile written before the field existed loads without it
+    del raw["layers"][1]["dense"]
+    assert Profile.from_dict(raw).layers[1].dense is None
+    with pytest.raises(ValueError, match="does not fit"):
+        Layer("fc", 0.5, 1.0, 4 * 17, dense=(6, 3))
+    # the shipped profiles: each dense layer is its kernel plus a bias of n_out
+    for name, dense in (("vgg16", {"fc1": (25088, 4096), "fc2": (4096, 4096),
+                                   "predictions": (4096, 1000)}),
+                        ("resnet50", {"predictions": (2048, 1000)}),
+                        ("resnet101", {"predictions": (2048, 1000)}),
+                        ("mlp-b64-cpu", {"dense": (3072, 2048), "dense_1": (2048, 2048),
+                                         "dense_2": (2048, 10)}),
+                        ("vgg-b64-cpu", {"dense": (4096, 1024), "dense_1": (1024, 1024),
+                                         "dense_2": (1024, 10)})):
+        layers = load_profile(name).layers
+        assert {la.name: la.dense for la in layers if la.dense} == dense, name
+        for la in layers:
+            if la.dense:
+                assert la.grad_bytes == 4 * (la.dense[0] + 1) * la.dense[1], (name, la.name)
+
+
+def test_simulate_command_shows_the_exchange(tmp_path):
+    out = tmp_path / "r.json"
+    res = CliRunner().invoke(main, ["simulate", "vgg16", "--np", "8,512", "--bandwidth",
+                                    "10gbit", "--strategies",
+                                    "horovod,sharded,sharded+exchange", "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "sharded+exchange" in res.output and "dense factor exchange" in res.output
+    assert any(line.split()[:2] == ["8", "fc2"] and line.endswith("exchange")
+               for line in res.output.splitlines())
+    data = json.loads(out.read_text())["profiles"]["vgg16"]
+    assert {(r["ranks"], r["strategy"]) for r in data["results"]} == \
+        {(p, s) for p in (8, 512) for s in ("horovod", "sharded", "sharded+exchange")}
+    picks = {(c["ranks"], c["layer"]): c["exchanged"] for c in data["exchange"]}
+    assert picks == {(8, "fc1"): True, (8, "fc2"): True, (8, "predictions"): True,
+                     (512, "fc1"): True, (512, "fc2"): False, (512, "predictions"): False}
+    by = {(r["ranks"], r["strategy"]): r for r in data["results"]}
+    assert by[8, "sharded+exchange"]["wire_bytes"] < by[8, "sharded"]["wire_bytes"]
+    assert set(EXCHANGE_STRATEGIES) == {"sharded+exchange", "sharded_hybrid+exchange"}

@@ -52,12 +52,20 @@ def reduce_scatter(tensor: tf.Tensor, name: str, *, op, compression,
         prescale_factor=prescale_factor, postscale_factor=postscale_factor)
 
 
-def all_gather(tensor: tf.Tensor, name: str, method: str = "allgather") -> tf.Tensor:
-    """Concatenate every rank's equal-length slice, rank 0's first. ``method="alltoall"`` sends
-    the slice repeated ``size`` times through an alltoall (chunk r goes to rank r, and the output
+def all_gather(tensor: tf.Tensor, name: str, method: str = "allgather",
+               uneven: bool = False) -> tf.Tensor:
+    """Concatenate every rank's slice (1-D), rank 0's first. ``method="alltoall"`` sends the
+    slice repeated ``size`` times through an alltoall (chunk r goes to rank r, and the output
     is the chunks received, in rank order): the same result and bytes per rank as an
     all-gather, by another algorithm (pairwise exchange instead of a ring); which is faster
-    depends on the backend and network (measured on Gloo here: not alltoall, see README)."""
+    depends on the backend and network (measured on Gloo here: not alltoall, see README).
+    ``uneven``: the ranks' slices may differ in length (the alltoall then names its splits)."""
     if method == "alltoall":
-        return hvd.alltoall(tf.tile(tensor, [hvd.size()]), name=name, ignore_name_scope=True)
+        size = hvd.size()
+        if not uneven:
+            return hvd.alltoall(tf.tile(tensor, [size]), name=name, ignore_name_scope=True)
+        splits = tf.fill([size], tf.shape(tensor)[0])
+        out, _ = hvd.alltoall(tf.tile(tensor, [size]), splits=splits, name=name,
+                              ignore_name_scope=True)
+        return out
     return hvd.allgather(tensor, name=name, ignore_name_scope=True)

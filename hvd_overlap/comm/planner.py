@@ -19,15 +19,17 @@ from hvd_overlap.core.strategies import PlanOptions, Strategy
 
 
 def var_specs(variables: Sequence[tf.Variable], grads: Sequence[Grad] | None = None,
-              sparse_as_dense: bool = False) -> list[VarSpec]:
+              sparse_as_dense: bool = False, exchangeable: frozenset = frozenset()
+              ) -> list[VarSpec]:
     """The plan's view of variables, in the order given (forward order for Keras models);
-    with ``grads``, which have none (off the loss path) and which are sparse."""
+    with ``grads``, which have none (off the loss path) and which are sparse;
+    ``exchangeable``: refs of the dense kernels the factor exchange can carry."""
     grads = list(grads) if grads is not None else [0] * len(variables)
     return [
         VarSpec(index=i, name=v.name, shape=tuple(int(d) for d in v.shape),
                 dtype=v.dtype.base_dtype.name, layer=layer_of(v.name),
                 sparse=isinstance(g, tf.IndexedSlices) and not sparse_as_dense,
-                has_grad=g is not None)
+                has_grad=g is not None, exchangeable=v.ref() in exchangeable)
         for i, (v, g) in enumerate(zip(variables, grads, strict=True))
     ]
 
@@ -40,7 +42,8 @@ def check_same_on_all_ranks(specs: Sequence[VarSpec]) -> None:
     """
     if hvd.size() == 1:
         return
-    mine = [(s.name, list(s.shape), s.dtype, s.sparse, s.has_grad) for s in specs]
+    mine = [(s.name, list(s.shape), s.dtype, s.sparse, s.has_grad, s.exchangeable)
+            for s in specs]
     with tf.init_scope():
         everyone = hvd.allgather_object(mine, name="hvd_overlap.model_check")
     for rank, theirs in enumerate(everyone):
@@ -68,14 +71,16 @@ class Planner:
         self._plans: dict[tuple, Plan] = {}
         self._checked: set[tuple] = set()
         self.last_plan: Plan | None = None
+        self.exchangeable: frozenset = frozenset()  # refs of kernels the exchange can carry
 
     def plan_for(self, variables: Sequence[tf.Variable], grads: Sequence[Grad] | None = None,
                  check_ranks: bool = True) -> Plan:
         """The plan of these variables; with ``check_ranks`` (the train step) the model is
         compared across ranks first, once per variable list, even if the plan was built before
         (``opt.build_plan``) without the check."""
-        specs = var_specs(variables, grads, self.sparse_as_dense)
-        key = tuple(v.ref() for v in variables) + tuple((s.sparse, s.has_grad) for s in specs)
+        specs = var_specs(variables, grads, self.sparse_as_dense, self.exchangeable)
+        key = tuple(v.ref() for v in variables) + tuple((s.sparse, s.has_grad, s.exchangeable)
+                                                        for s in specs)
         if check_ranks and key not in self._checked:
             check_same_on_all_ranks(specs)
             self._checked.add(key)
@@ -84,3 +89,11 @@ class Planner:
             plan = self._plans[key] = self.strategy.build_plan(specs, self.options)
         self.last_plan = plan
         return plan
+
+    def replace_plan(self, old: Plan, new: Plan) -> None:
+        """Put ``new`` where ``old`` was cached (a decision made after the first step)."""
+        for key, plan in self._plans.items():
+            if plan is old:
+                self._plans[key] = new
+        if self.last_plan is old:
+            self.last_plan = new

@@ -33,6 +33,9 @@ REDUCE_SCATTER = "reducescatter"  # then all-gather of the updated slices (shard
 # How the updated slices are gathered: Horovod's all-gather, or an alltoall of the slice repeated
 # P times (every rank receives every slice: the same result and bytes; faster on Gloo).
 GATHER_METHODS = ("allgather", "alltoall")
+# A dense kernel whose gradient rows are computed from exchanged factors (hvd_overlap.core.exchange)
+# and whose updated rows are then all-gathered.
+EXCHANGE = "exchange+allgather"
 
 
 def sharded_collective(gather_with: str) -> str:
@@ -51,6 +54,7 @@ class VarSpec:
     layer: str
     sparse: bool = False     # its gradient is an IndexedSlices (Embedding) sent as such
     has_grad: bool = True    # False: not on the loss path, never sent nor updated
+    exchangeable: bool = False  # the 2-D kernel of a dense layer the factor exchange can carry
 
     @property
     def size(self) -> int:
@@ -72,6 +76,7 @@ class Bucket:
     variables: tuple[VarSpec, ...]
     collective: str = ALLREDUCE
     phase: str = BACKWARD
+    rows: bool = False  # sharded: one 2-D kernel, sliced by rows (the exchange's layout)
 
     @property
     def nbytes(self) -> int:
@@ -116,8 +121,8 @@ class Plan:
     def signature(self) -> str:
         """A short hash of everything that must agree across ranks."""
         payload = [self.strategy, self.bucket_bytes] + [
-            [b.index, b.collective, b.phase] + [
-                [v.index, v.name, list(v.shape), v.dtype, v.sparse, v.has_grad]
+            [b.index, b.collective, b.phase, b.rows] + [
+                [v.index, v.name, list(v.shape), v.dtype, v.sparse, v.has_grad, v.exchangeable]
                 for v in b.variables]
             for b in self.buckets
         ]

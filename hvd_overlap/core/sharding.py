@@ -4,7 +4,9 @@ Pure Python and numpy (no TensorFlow, no Horovod), so it can be printed and test
 A bucket's variables (those with a gradient) are laid end to end in one flat vector of ``total``
 elements, padded with zeros to ``ranks * shard_size``; rank ``r`` owns elements
 ``[r * shard_size, (r + 1) * shard_size)``. Padding never reaches a user variable: it is added
-before the reduce-scatter and cut off after the all-gather.
+before the reduce-scatter and cut off after the all-gather. A bucket of one dense kernel that the
+factor exchange may carry (``rows``) is cut by whole rows instead (``core.exchange.row_sizes``),
+the first ranks owning one row more when the rows do not divide evenly.
 
 The same layout turns per-rank slot slices into whole per-variable arrays for a checkpoint
 (``join_slices``) and back into this rank's slice for any number of ranks (``own_slice``), which is
@@ -18,6 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from hvd_overlap.core.exchange import row_range
 from hvd_overlap.core.plan import FORWARD, Plan, fmt_bytes, itemsize
 
 
@@ -42,6 +45,7 @@ class BucketSlices:
     segments: tuple[Segment, ...]
     ranks: int
     phase: str = FORWARD  # when the updated slices are all-gathered (FORWARD: next step)
+    rows: bool = False    # one 2-D kernel cut by whole rows (``row_sizes``), without padding
 
     @property
     def total(self) -> int:
@@ -49,16 +53,28 @@ class BucketSlices:
 
     @property
     def shard_size(self) -> int:
-        """Elements each rank owns (the last slices hold the padding)."""
+        """Elements each rank owns (the last slices hold the padding; ``rows``: the most any
+        rank owns)."""
+        if self.rows:
+            return max(self.size_of(r) for r in range(self.ranks))
         return -(-self.total // self.ranks)
 
     @property
     def padding(self) -> int:
-        return self.shard_size * self.ranks - self.total
+        return 0 if self.rows else self.shard_size * self.ranks - self.total
 
     def owned(self, rank: int) -> tuple[int, int]:
         """``[start, stop)`` of rank ``rank``'s slice in the padded flat vector."""
+        if self.rows:
+            n_in, n_out = self.segments[0].shape
+            start, stop = row_range(n_in, self.ranks, rank)
+            return start * n_out, stop * n_out
         return rank * self.shard_size, (rank + 1) * self.shard_size
+
+    def size_of(self, rank: int) -> int:
+        """Elements rank ``rank`` owns."""
+        start, stop = self.owned(rank)
+        return stop - start
 
     @property
     def layers(self) -> tuple[str, ...]:
@@ -104,13 +120,14 @@ def partition(plan: Plan, ranks: int) -> ShardLayout:
                 segments.append(Segment(v.index, v.name, v.layer, v.shape, offset, v.size))
                 offset += v.size
         if segments:
-            buckets.append(BucketSlices(b.index, b.dtype, tuple(segments), ranks, b.phase))
+            buckets.append(BucketSlices(b.index, b.dtype, tuple(segments), ranks, b.phase,
+                                        rows=b.rows and len(segments) == 1))
     return ShardLayout(ranks, tuple(buckets))
 
 
 def own_slice(bucket: BucketSlices, arrays: Mapping[int, np.ndarray], rank: int) -> np.ndarray:
     """Rank ``rank``'s slice of the bucket, from whole per-variable arrays (by variable index)."""
-    flat = np.zeros(bucket.shard_size * bucket.ranks, dtype=bucket.dtype)
+    flat = np.zeros(bucket.total + bucket.padding, dtype=bucket.dtype)
     for s in bucket.segments:
         flat[s.offset:s.offset + s.size] = np.asarray(arrays[s.index]).reshape(-1)
     start, stop = bucket.owned(rank)
@@ -120,9 +137,10 @@ def own_slice(bucket: BucketSlices, arrays: Mapping[int, np.ndarray], rank: int)
 def join_slices(bucket: BucketSlices, gathered: np.ndarray) -> dict[int, np.ndarray]:
     """Whole per-variable arrays (by variable index) from the all-gathered padded vector."""
     gathered = np.asarray(gathered).reshape(-1)
-    if gathered.size != bucket.shard_size * bucket.ranks:
-        raise ValueError(f"bucket {bucket.bucket}: expected {bucket.shard_size * bucket.ranks} "
-                         f"gathered elements, got {gathered.size}")
+    expected = bucket.total + bucket.padding
+    if gathered.size != expected:
+        raise ValueError(f"bucket {bucket.bucket}: expected {expected} gathered elements, got "
+                         f"{gathered.size}")
     return {s.index: gathered[s.offset:s.offset + s.size].reshape(s.shape)
             for s in bucket.segments}
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
+from hvd_overlap.core.exchange import NEVER, label_exchange, split_exchangeable
 from hvd_overlap.core.plan import (
     DEFAULT_BUCKET_BYTES,
     GATHER_METHODS,
@@ -32,6 +33,8 @@ class PlanOptions:
     bucket_bytes: int = DEFAULT_BUCKET_BYTES
     defer: int | None = None        # hybrid/sharded: input-side buckets deferred (None: default)
     gather_with: str = "allgather"  # sharded: how the updated slices travel
+    exchange: str = NEVER           # sharded: dense factor exchange (hvd_overlap.core.exchange)
+    ranks: int = 1                  # sharded: the number of ranks (the exchange decision)
 
 
 @dataclass(frozen=True)
@@ -87,7 +90,7 @@ def _sharded_plan(name: str, defer: int, specs: Sequence[VarSpec], options: Plan
                          f"{' or '.join(GATHER_METHODS)}")
     plan = build_layerwise_plan(specs, options.bucket_bytes, name, defer=defer)
     gather = options.gather_with
-    return replace(plan, buckets=tuple(replace(b, collective=sharded_collective(gather))
+    plan = replace(plan, buckets=tuple(replace(b, collective=sharded_collective(gather))
                                        for b in plan.buckets),
                    notes=("sharded: every bucket is reduce-scattered during backprop and each "
                           "rank updates its 1/P slice; phase says when the updated slices are "
@@ -97,6 +100,10 @@ def _sharded_plan(name: str, defer: int, specs: Sequence[VarSpec], options: Plan
                           f"the slices are gathered with {gather}"
                           + (" (each rank's slice repeated P times: the all-gather's result "
                              "and bytes)" if gather == "alltoall" else "")))
+    if options.exchange == NEVER:
+        return plan
+    plan = split_exchangeable(plan)
+    return label_exchange(plan, {}, options.exchange, options.ranks)
 
 
 def _sharded(specs: Sequence[VarSpec], options: PlanOptions) -> Plan:

@@ -28,6 +28,7 @@ from hvd_overlap.keras.validation import (
     validate_auto,
     validate_deferring,
     validate_elastic,
+    validate_exchange,
     validate_sharding,
 )
 from hvd_overlap.tools.autoplan import Candidate
@@ -145,8 +146,9 @@ class _DistributedMixin:
         self._hvdo.observe_step(seconds, usable)
 
     def attach_model(self, model) -> None:
-        """The model this optimizer trains: ``strategy="auto"`` reads its layers' FLOPs to
-        predict the plans (``OverlapCallback`` passes it). A no-op otherwise."""
+        """The model this optimizer trains (before the first step): ``strategy="auto"`` reads
+        its layers' FLOPs to predict the plans; ``exchange`` patches its dense layers.
+        ``OverlapCallback`` and ``make_train_step(step_fn, model)`` pass it. A no-op otherwise."""
         self._hvdo.attach_model(model)
 
     def take_retrace(self) -> bool:
@@ -246,6 +248,7 @@ def DistributedOptimizer(  # noqa: N802 -- same name as Horovod's factory
     process_set=hvd.global_process_set,
     scale_local_gradients: bool = True,
     gather_with: str = "allgather",
+    exchange: str = "never",
 ):
     """Wrap a Keras optimizer so its gradients are averaged across ranks by ``strategy``.
 
@@ -263,6 +266,11 @@ def DistributedOptimizer(  # noqa: N802 -- same name as Horovod's factory
     ``register_local_var``). ``gather_with`` (sharded): how the
     updated slices travel, ``"allgather"`` (default) or ``"alltoall"`` (the same result and
     bytes; measured no faster on Gloo here, see README "Sharded update").
+    ``exchange`` (sharded): the dense factor exchange -- a ``Dense`` layer's kernel gradient
+    computed from exchanged inputs and output errors, each rank computing only its rows:
+    ``"never"`` (default), ``"auto"`` (per layer, where it moves fewer bytes, decided after
+    the first step from its batch) or ``"always"``; needs the model (``OverlapCallback``,
+    ``make_train_step(step_fn, model)`` or ``opt.attach_model(model)``).
     """
     options = {k: v for k, v in locals().items() if k != "optimizer"}
     tuned = AUTO in (strategy, bucket_bytes, defer)
@@ -275,6 +283,7 @@ def DistributedOptimizer(  # noqa: N802 -- same name as Horovod's factory
              num_groups, groups, process_set, gather_with)
     if strat.shards:
         validate_sharding(optimizer)
+    validate_exchange(exchange, strat.shards, strategy, compression)
     if strat.defers:
         validate_deferring(optimizer, strategy, backward_passes_per_step,
                            None if defer == AUTO else defer, per_bucket=not strat.shards)
@@ -300,7 +309,7 @@ def DistributedOptimizer(  # noqa: N802 -- same name as Horovod's factory
         sets = settings if not tuned else replace(
             settings, name=f"{prefix}.{c.strategy}.{c.bucket_bytes}.{c.defer}")
         planner = Planner(st, PlanOptions(c.bucket_bytes or DEFAULT_BUCKET_BYTES, c.defer,
-                                          gather_with), sparse_as_dense)
+                                          gather_with, exchange, hvd.size()), sparse_as_dense)
         method = default_method(sets, fused_by_horovod=c.strategy == "horovod", shards=st.shards)
         return make_executor(st, wrapped, plain, planner, method, sets,
                              backward_passes_per_step, average_aggregated_gradients)

@@ -143,3 +143,22 @@ def validate_auto(optimizer, strategy, bucket_bytes, defer, backward_passes_per_
     if defer not in (auto, None) and (not isinstance(defer, int) or defer < 0):
         raise ValueError(f"defer must be a number of buckets >= 0 or 'auto', got {defer!r}")
     del optimizer  # every optimizer: auto leaves deferring plans out where they cannot be exact
+
+
+def validate_exchange(exchange, shards: bool, strategy: str, compression) -> None:
+    """The dense factor exchange: a sharded strategy's option, without gradient compression."""
+    from hvd_overlap.core.exchange import EXCHANGE_MODES, NEVER
+
+    if exchange not in EXCHANGE_MODES:
+        raise ValueError(f"exchange={exchange!r}: choose one of {', '.join(EXCHANGE_MODES)}")
+    if exchange == NEVER:
+        return
+    if not shards:
+        raise ValueError(f"exchange={exchange!r} is part of the sharded update (each rank "
+                         f"computes and updates its rows of a dense kernel); strategy "
+                         f"{strategy!r} keeps whole gradients: use strategy='sharded' or "
+                         "'sharded_hybrid', or drop exchange=")
+    if compression is not hvd.Compression.none:
+        raise ValueError("the dense factor exchange sends activations, which gradient "
+                         "compression does not cover: drop compression= or pass "
+                         "exchange='never'")

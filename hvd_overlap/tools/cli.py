@@ -19,16 +19,37 @@ def main() -> None:
 @click.argument("model_file", type=click.Path(exists=True, dir_okay=False))
 @click.option("--strategy", default="layerwise", show_default=True)
 @click.option("--bucket-bytes", type=int, default=DEFAULT_BUCKET_BYTES, show_default=True)
-def plan(model_file: str, strategy: str, bucket_bytes: int) -> None:
+@click.option("--exchange", type=click.Choice(["never", "auto", "always"]), default="never",
+              show_default=True, help="sharded: the dense factor exchange")
+@click.option("--np", "ranks", type=int, default=2, show_default=True,
+              help="ranks (the exchange's choice)")
+@click.option("--batch-size", type=int, default=32, show_default=True,
+              help="per rank (the exchange's choice; each dense layer taken as called once)")
+def plan(model_file: str, strategy: str, bucket_bytes: int, exchange: str, ranks: int,
+         batch_size: int) -> None:
     """Print the communication plan of a saved Keras model (.keras or .h5)."""
     import tensorflow as tf
 
     from hvd_overlap.comm.planner import var_specs
+    from hvd_overlap.core.exchange import NEVER, DenseShape, label_exchange
     from hvd_overlap.core.strategies import PlanOptions, get_strategy
 
+    if exchange != NEVER and not get_strategy(strategy).shards:
+        raise click.UsageError("--exchange is part of the sharded strategies (--strategy sharded "
+                               "or sharded_hybrid)")
     model = tf.keras.models.load_model(model_file, compile=False)
-    click.echo(get_strategy(strategy).build_plan(
-        var_specs(model.trainable_variables), PlanOptions(bucket_bytes)).describe())
+    kernels: frozenset = frozenset()
+    if exchange != NEVER:
+        from hvd_overlap.keras.exchange import exchangeable_layers
+
+        kernels = frozenset(layer.kernel.ref() for layer in exchangeable_layers(model))
+    specs = var_specs(model.trainable_variables, exchangeable=kernels)
+    built = get_strategy(strategy).build_plan(
+        specs, PlanOptions(bucket_bytes, exchange=exchange, ranks=ranks))
+    if exchange != NEVER:
+        built = label_exchange(built, {s.index: DenseShape(*s.shape, batch=batch_size)
+                                       for s in specs if s.exchangeable}, exchange, ranks)
+    click.echo(built.describe())
 
 
 @main.command()
@@ -229,7 +250,9 @@ def profile(model_spec: str, batch_size: int, device_tflops: float | None, image
 @click.option("--latency", default="10us", show_default=True, help="per ring hop")
 @click.option("--strategies", default=",".join(SIM_STRATEGIES + ("auto",)), show_default=True,
               help="'auto': the fastest predicted whole-state plan; 'auto_sharded': the "
-                   "fastest sharded one (hvd-overlap auto-grid)")
+                   "fastest sharded one (hvd-overlap auto-grid); 'sharded+exchange', "
+                   "'sharded_hybrid+exchange': with exchange='auto' (the dense factor "
+                   "exchange; each dense layer's choice is listed)")
 @click.option("--cycle-ms", type=float, default=1.0, show_default=True,
               help="HOROVOD_CYCLE_TIME")
 @click.option("--negotiation-ms", type=float,
@@ -314,7 +337,7 @@ def simulate(profile_paths: tuple[str, ...], np_: str, bandwidth: str, latency: 
             raise ValueError(f"--strategies {','.join(unknown) or '(empty)'}: choose from "
                              f"{', '.join(sim.STRATEGIES + tuple(autos))}")
         ranks = scaling.parse_ranks(np_)
-        runs, choices = {}, {}
+        runs, choices, exchanges = {}, {}, {}
         for path in profile_paths:
             prof = sim.load_profile(path)
             if device_tflops is not None:
@@ -331,6 +354,9 @@ def simulate(profile_paths: tuple[str, ...], np_: str, bandwidth: str, latency: 
                 results += [replace(c.result, strategy=name) for c in picked]
             results.sort(key=lambda r: (ranks.index(r.ranks), r.strategy in autos))
             runs[path] = (prof, results)
+            exchanging = [n for n in names if n in sim.EXCHANGE_STRATEGIES]
+            exchanges[path] = [c for p in ranks for c in sim.exchange_choices(
+                prof, p, exchanging[0], cluster.bucket_bytes)] if exchanging else []
     except (ValueError, FileNotFoundError) as e:
         raise click.UsageError(str(e)) from None
     click.echo(f"link {bandwidth}/rank, latency {latency}/hop, cycle {cycle_ms} ms, fusion "
@@ -345,6 +371,10 @@ def simulate(profile_paths: tuple[str, ...], np_: str, bandwidth: str, latency: 
         click.echo(scaling.format_results(results))
         for name, c in choices.get(path, []):
             click.echo(f"{name} at {c.result.ranks} ranks: {c.reason()}")
+        if exchanges[path]:
+            click.echo("\ndense factor exchange (exchange='auto'), per dense layer: MiB one "
+                       "rank sends per step")
+            click.echo(scaling.format_exchange(exchanges[path]))
     titles = {p: f"{prof.model} (b{prof.batch_size}), {bandwidth}"
               for p, (prof, _) in runs.items()}
     if md_path:
@@ -355,6 +385,7 @@ def simulate(profile_paths: tuple[str, ...], np_: str, bandwidth: str, latency: 
             {"cluster": cluster.__dict__, "profiles": {
                 p: {"model": prof.model, "batch_size": prof.batch_size,
                     "compute_s": prof.compute_s, "results": [r.to_dict() for r in results],
+                    "exchange": [c.to_dict() for c in exchanges[p]],
                     "auto": [{"as": name, "ranks": c.result.ranks, **c.best.keywords(),
                               "speedup_vs_stock": c.speedup} for name, c in choices.get(p, [])]}
                 for p, (prof, results) in runs.items()}}, indent=1))

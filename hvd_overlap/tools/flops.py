@@ -66,6 +66,21 @@ def layer_flops(layer: Any, batch: int) -> float:
     return batch * elements  # activations, Add, padding, flatten, global pooling (approx.)
 
 
+def dense_kernel(layer: Any) -> tuple[int, int] | None:
+    """``(n_in, n_out)`` of a ``Dense`` layer applied to rows (a 2-D input): a kernel the factor
+    exchange can carry (``Layer.dense``); None for any other layer (or a frozen one)."""
+    import tensorflow as tf
+
+    if not isinstance(layer, tf.keras.layers.Dense) or not layer.trainable:
+        return None
+    try:
+        rows = len(_shape(layer.input_shape)) == 1
+    except (AttributeError, RuntimeError):  # not called yet, or called on several shapes
+        return None
+    n_in, n_out = (int(d) for d in layer.kernel.shape)
+    return (n_in, n_out) if rows else None
+
+
 def flops_profile(model: Any, batch_size: int, device_tflops: float,
                   name: str | None = None) -> Profile:
     """The profile of ``model`` at ``batch_size`` per rank on a device doing
@@ -86,7 +101,8 @@ def flops_profile(model: Any, batch_size: int, device_tflops: float,
         factor = (2.0 if seen_weights else 1.0) if weights else 1.0
         seen_weights = seen_weights or bool(weights)
         layers.append(Layer(layer.name, f / rate, factor * f / rate, nbytes,
-                            weights[0].dtype.name if weights else "float32", len(weights), f))
+                            weights[0].dtype.name if weights else "float32", len(weights), f,
+                            dense_kernel(layer)))
     params = sum(int(np.prod(v.shape)) for v in model.trainable_weights)
     return Profile(
         model=name or model.name, batch_size=batch_size, layers=tuple(layers),

@@ -187,6 +187,7 @@ def measured_profile(model, sample_x, repeats: int = 5, name: str | None = None)
     time."""
     import numpy as np
 
+    from hvd_overlap.tools.flops import dense_kernel
     from hvd_overlap.tools.simulate import Layer, Profile
 
     times = profile_layers(model, sample_x, repeats)
@@ -196,7 +197,8 @@ def measured_profile(model, sample_x, repeats: int = 5, name: str | None = None)
         ws = layer.trainable_weights
         layers.append(Layer(t.layer, t.forward, t.backward,
                             sum(int(np.prod(v.shape)) * v.dtype.size for v in ws),
-                            ws[0].dtype.name if ws else "float32", len(ws)))
+                            ws[0].dtype.name if ws else "float32", len(ws),
+                            dense=dense_kernel(layer)))
     profile = Profile(model=name or model.name, batch_size=int(np.shape(sample_x)[0]),
                       layers=tuple(layers), update_s=update_s)
     profile.meta.update({"source": "measured", "step_s": step_s,

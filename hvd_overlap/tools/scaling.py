@@ -14,9 +14,11 @@ from typing import Any
 
 from hvd_overlap.tools.profile import parse_bandwidth
 from hvd_overlap.tools.simulate import (
+    RUNTIME_STRATEGIES,
     SHIPPED,
     STRATEGIES,
     Cluster,
+    ExchangeChoice,
     StepResult,
     load_profile,
     simulate,
@@ -87,7 +89,8 @@ def measured_cluster(net: str, ranks: int = 2, overheads: dict[str, Any] | None 
                            negotiation_s=f["overhead_s"], tensor_s=f["tensor_s"],
                            cpu_steal=f["cpu_steal"], comm_slowdown=max(f["comm_slowdown"], 1.0),
                            reduce_scatter_bandwidth=f.get("reduce_scatter_bandwidth"),
-                           allgather_bandwidth=f.get("allgather_bandwidth")),
+                           allgather_bandwidth=f.get("allgather_bandwidth"),
+                           alltoall_bandwidth=f.get("alltoall_gather_bandwidth")),
                    **changes)
 
 
@@ -126,7 +129,7 @@ def bench_profile_name(model: str, batch: int) -> str:
 
 
 def validate_run(bench: dict[str, Any], overheads: dict[str, Any] | None = None,
-                 strategies: Sequence[str] = STRATEGIES) -> tuple[list[Check], float]:
+                 strategies: Sequence[str] = RUNTIME_STRATEGIES) -> tuple[list[Check], float]:
     """Predict every strategy of one bench run. The measured profile's compute is scaled so a
     step without communication takes the run's ``local`` time (the profile gives the shape,
     the run the level); returns the checks and that scale. A strategy the run measured that
@@ -193,15 +196,31 @@ def validation_markdown(paths: Sequence[str | Path], overheads_path: str | Path 
 # --- output ------------------------------------------------------------------------------------
 
 def format_results(results: Sequence[StepResult]) -> str:
-    """Fixed-width table: one row per (ranks, strategy), with the ratio to stock Horovod."""
+    """Fixed-width table: one row per (ranks, strategy): the step, the MiB one rank sends, and
+    the ratio to stock Horovod."""
     base = {r.ranks: r.step_s for r in results if r.strategy == "horovod"}
-    lines = [f"{'ranks':>6} {'strategy':<14} {'step ms':>9} {'efficiency':>10} "
-             f"{'exposed ms':>10} {'wire ms':>9} {'ops':>5} {'vs horovod':>10}"]
+    w = max([14] + [len(r.strategy) for r in results])
+    lines = [f"{'ranks':>6} {'strategy':<{w}} {'step ms':>9} {'efficiency':>10} "
+             f"{'exposed ms':>10} {'wire ms':>9} {'sent MiB':>9} {'ops':>5} {'vs horovod':>10}"]
     for r in results:
         ratio = f"{base[r.ranks] / r.step_s:.2f}x" if r.ranks in base else "-"
-        lines.append(f"{r.ranks:>6} {r.strategy:<14} {r.step_s * 1e3:>9.1f} "
+        lines.append(f"{r.ranks:>6} {r.strategy:<{w}} {r.step_s * 1e3:>9.1f} "
                      f"{r.efficiency:>10.3f} {r.exposed_s * 1e3:>10.1f} {r.wire_s * 1e3:>9.1f} "
-                     f"{r.collectives:>5} {ratio:>10}")
+                     f"{r.wire_bytes / 2**20:>9.1f} {r.collectives:>5} {ratio:>10}")
+    return "\n".join(lines)
+
+
+def format_exchange(choices: Sequence[ExchangeChoice]) -> str:
+    """Fixed-width table: one row per (ranks, dense kernel), the MiB one rank sends per step
+    with reduce-scatter + all-gather and with the exchange, and ``exchange="auto"``'s choice."""
+    lines = [f"{'ranks':>6} {'layer':<14} {'kernel':>11} {'batch':>5} {'rs+ag MiB':>10} "
+             f"{'exch MiB':>9} {'(activ.)':>9}  choice"]
+    for c in choices:
+        kernel = f"{c.shape.n_in}x{c.shape.n_out}"
+        lines.append(f"{c.ranks:>6} {c.layer:<14} {kernel:>11} {c.shape.batch:>5} "
+                     f"{c.sharded_bytes / 2**20:>10.1f} {c.exchange_bytes / 2**20:>9.1f} "
+                     f"{c.activation_bytes / 2**20:>9.1f}  "
+                     f"{'exchange' if c.exchanged else 'reduce-scatter'}")
     return "\n".join(lines)
 
 

@@ -10,6 +10,8 @@ ring-algorithm time, growing with the number of ranks P:
 
 - allreduce of n bytes: ``2 (P-1)/P n / bandwidth + 2 (P-1) latency``;
 - reduce-scatter and all-gather: half of that each (together: one allreduce's bytes);
+- alltoall of a buffer of n bytes per rank (the dense factor exchange's inputs): each rank
+  keeps 1/P and sends the rest, ``(P-1)/P n / bandwidth + (P-1) latency``;
 - every tensor adds ``tensor_s``; every cycle that carries work adds the negotiation,
   ``negotiation_s`` measured at P=2 and grown with P by an assumed law (``log2`` by default:
   tree / recursive-doubling coordination; ``linear``: a coordinator that talks to every rank).
@@ -22,6 +24,15 @@ The steady-state step starts with an idle channel (every collective of the previ
 has finished when ``train_function`` returns); ``deferred`` buckets and the deferred all-gathers
 of ``sharded`` / ``sharded_hybrid`` carry the previous step's gradients / parameters, so the step
 is the same every time.
+
+The dense factor exchange (``sharded+exchange``, ``sharded_hybrid+exchange``: the runtime's
+``sharded`` / ``sharded_hybrid`` with ``exchange="auto"``, ``hvd_overlap.core.exchange``): a
+profile layer that carries its kernel shape (``Layer.dense``) gets its kernel in a row-sliced
+bucket of its own; where ``label_exchange`` chooses the exchange, that kernel is not
+reduce-scattered: as the layer's backward starts, its input (an alltoall) and its output errors
+(an all-gather) travel, and the part of the layer's backward that computes the kernel gradient
+(taken as its forward time: the same GEMM FLOPs) runs, eagerly, once both have arrived; its
+updated rows are all-gathered like any sharded bucket.
 
 Updates run after backprop, in program order, except one case: ``sharded_hybrid`` (and
 ``sharded`` with ``defer`` below the number of buckets) updates each backprop-phase bucket's
@@ -38,13 +49,25 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from hvd_overlap.core.plan import ALLREDUCE, BACKWARD, DEFAULT_BUCKET_BYTES, FORWARD, Plan, VarSpec
+from hvd_overlap.core.exchange import AUTO, NEVER, DenseShape, label_exchange
+from hvd_overlap.core.plan import (
+    ALLREDUCE,
+    BACKWARD,
+    DEFAULT_BUCKET_BYTES,
+    EXCHANGE,
+    FORWARD,
+    Plan,
+    VarSpec,
+    itemsize,
+)
 from hvd_overlap.core.strategies import STRATEGIES as _STRATEGIES
 from hvd_overlap.core.strategies import PlanOptions, get_strategy
 
-STRATEGIES = tuple(_STRATEGIES)  # every runtime strategy, simulated from its own plan
+RUNTIME_STRATEGIES = tuple(_STRATEGIES)  # every runtime strategy, simulated from its own plan
+EXCHANGE_SUFFIX = "+exchange"  # a sharded strategy with exchange="auto"
+EXCHANGE_STRATEGIES = tuple(f"{s}{EXCHANGE_SUFFIX}" for s in RUNTIME_STRATEGIES
+                            if _STRATEGIES[s].shards)
+STRATEGIES = RUNTIME_STRATEGIES + EXCHANGE_STRATEGIES
 FUSION_BYTES = 128 * 1024 * 1024  # HOROVOD_FUSION_THRESHOLD default
 CYCLE_S = 1e-3                    # HOROVOD_CYCLE_TIME default in Horovod 0.28.1 (1 ms)
 PROFILE_FORMAT = "hvd-overlap-profile/1"
@@ -63,6 +86,31 @@ class Layer:
     dtype: str = "float32"
     tensors: int = 0
     flops: float | None = None  # forward FLOPs (FLOPs-derived profiles)
+    #: a dense layer's kernel shape ``(n_in, n_out)`` (its ``grad_bytes`` hold that kernel and
+    #: any bias): the factor exchange can carry the kernel
+    dense: tuple[int, int] | None = None
+
+    def __post_init__(self) -> None:
+        if self.dense is not None:
+            n_in, n_out = (int(d) for d in self.dense)
+            object.__setattr__(self, "dense", (n_in, n_out))
+            if min(n_in, n_out) < 1 or n_in * n_out * itemsize(self.dtype) > self.grad_bytes:
+                raise ValueError(f"layer {self.name!r}: a dense kernel of {n_in}x{n_out} "
+                                 f"{self.dtype} does not fit in its {self.grad_bytes} bytes")
+
+    @property
+    def kernel_bytes(self) -> int:
+        """Bytes of the dense kernel (0: not a dense layer)."""
+        return self.dense[0] * self.dense[1] * itemsize(self.dtype) if self.dense else 0
+
+    def to_dict(self) -> dict[str, Any]:
+        """The layer as profile JSON (``dense`` only if set: older readers keep working)."""
+        d = asdict(self)
+        if self.dense is None:
+            del d["dense"]
+        else:
+            d["dense"] = list(self.dense)
+        return d
 
 
 @dataclass(frozen=True)
@@ -94,7 +142,7 @@ class Profile:
         return {"format": PROFILE_FORMAT, "model": self.model, "batch_size": self.batch_size,
                 "update_s": self.update_s, "grad_bytes": self.grad_bytes,
                 "compute_s": self.compute_s, "meta": self.meta,
-                "layers": [asdict(la) for la in self.layers]}
+                "layers": [la.to_dict() for la in self.layers]}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Profile:
@@ -141,10 +189,11 @@ class Cluster:
     comm_slowdown: float = 1.0
     fusion_bytes: int = FUSION_BYTES
     bucket_bytes: int = DEFAULT_BUCKET_BYTES
-    #: measured per collective type (``hvd-overlap calibrate``); None: the ring model, in which
-    #: each is half an allreduce
+    #: measured per collective type (``hvd-overlap calibrate``; the alltoall's from its
+    #: all-gather done as an alltoall); None: the link's ``bandwidth`` (ring model)
     reduce_scatter_bandwidth: float | None = None
     allgather_bandwidth: float | None = None
+    alltoall_bandwidth: float | None = None
 
     def __post_init__(self) -> None:
         if self.ranks < 1 or self.bandwidth <= 0:
@@ -173,12 +222,18 @@ class Cluster:
         """Ring all-gather seconds of ``nbytes`` in total (1/P from each rank)."""
         return self._half_ring(nbytes, self.allgather_bandwidth)
 
+    def alltoall(self, nbytes: float) -> float:
+        """Pairwise alltoall seconds of a buffer of ``nbytes`` on each rank (it keeps 1/P and
+        sends 1/P to each other rank: P-1 steps)."""
+        return self._half_ring(nbytes, self.alltoall_bandwidth)
+
     def _half_ring(self, nbytes: float, bandwidth: float | None) -> float:
         p = self.ranks
         return (p - 1) / p * nbytes / (bandwidth or self.bandwidth) + (p - 1) * self.latency
 
     def wire_bytes(self, kind: str, nbytes: float) -> float:
-        """Bytes one rank sends for a collective of ``nbytes``."""
+        """Bytes one rank sends for a collective of ``nbytes`` (all-gather: in all; alltoall:
+        each rank's buffer)."""
         share = (self.ranks - 1) / self.ranks * nbytes
         return 2 * share if kind == "allreduce" else share
 
@@ -237,46 +292,131 @@ class StepResult:
 
 @dataclass(frozen=True)
 class _Bucket:
-    index: int           # backward order, as in the plan
+    index: int           # the plan's
     layers: tuple[int, ...]  # forward positions of its layers
     nbytes: int
     tensors: int
     update_s: float
     phase: str = BACKWARD  # the plan's: when it travels (sharded: when it is all-gathered)
+    exchange: DenseShape | None = None  # a dense kernel the factor exchange carries
+    itemsize: int = 4
 
 
-def _specs(profile: Profile) -> list[VarSpec]:
-    """One variable per layer with a gradient, as the plan sees the profile."""
-    return [VarSpec(index=i, name=f"{la.name}/grad", dtype=la.dtype, layer=la.name,
-                    shape=(la.grad_bytes // np.dtype(la.dtype).itemsize,))
-            for i, la in enumerate(profile.layers) if la.grad_bytes > 0]
+def exchange_mode(strategy: str) -> tuple[str, str]:
+    """The runtime strategy and ``exchange`` keyword of a simulator strategy:
+    ``sharded+exchange`` -> ``("sharded", "auto")``, ``sharded`` -> ``("sharded", "never")``."""
+    if strategy.endswith(EXCHANGE_SUFFIX):
+        return strategy[:-len(EXCHANGE_SUFFIX)], AUTO
+    return strategy, NEVER
+
+
+def _specs(profile: Profile, exchange: bool = False) -> list[VarSpec]:
+    """One variable per layer with a gradient, as the plan sees the profile; ``exchange``: a
+    dense layer's kernel (``Layer.dense``) as an exchangeable variable of its own, the rest of
+    its bytes (the bias) as another."""
+    specs: list[VarSpec] = []
+    for la in profile.layers:
+        rest = la.grad_bytes
+        if exchange and la.dense:
+            specs.append(VarSpec(len(specs), f"{la.name}/kernel", la.dense, la.dtype, la.name,
+                                 exchangeable=True))
+            rest -= la.kernel_bytes
+        if rest > 0:
+            specs.append(VarSpec(len(specs), f"{la.name}/grad", (rest // itemsize(la.dtype),),
+                                 la.dtype, la.name))
+    return specs
+
+
+def _dense_shapes(profile: Profile, specs: Sequence[VarSpec]) -> dict[int, DenseShape]:
+    """How each exchangeable kernel is used in one step, by variable index."""
+    dense = {la.name: la.dense for la in profile.layers if la.dense}
+    return {v.index: DenseShape(*dense[v.layer], batch=profile.batch_size)
+            for v in specs if v.exchangeable}
 
 
 def plan_of(profile: Profile, strategy: str, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-            defer: int | None = None) -> Plan | None:
-    """The plan the runtime would build for the profile's layers (None: nothing to send)."""
-    specs = _specs(profile)
+            defer: int | None = None, ranks: int = 1) -> Plan | None:
+    """The plan the runtime would build for the profile's layers on ``ranks`` ranks (None:
+    nothing to send); an exchange strategy's with each dense kernel's choice made for the
+    profile's batch (``label_exchange``)."""
+    base, exchange = exchange_mode(strategy)
+    specs = _specs(profile, exchange != NEVER)
     if not specs:
         return None
-    return get_strategy(strategy).build_plan(specs, PlanOptions(bucket_bytes, defer))
+    plan = get_strategy(base).build_plan(
+        specs, PlanOptions(bucket_bytes, defer, exchange=exchange, ranks=ranks))
+    if exchange == NEVER:
+        return plan
+    return label_exchange(plan, _dense_shapes(profile, specs), exchange, ranks)
 
 
 def buckets_of(profile: Profile, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
                plan: Plan | None = None) -> list[_Bucket]:
-    """The plan's buckets (default: ``layerwise``'s) over the profile's layers, backward order."""
+    """The plan's buckets (default: ``layerwise``'s) over the profile's layers, in the plan's
+    issue order (backprop's buckets first, then the deferred ones in forward order)."""
     plan = plan or plan_of(profile, "layerwise", bucket_bytes)
     if plan is None:
         return []
     pos = {la.name: i for i, la in enumerate(profile.layers)}
+    split = {v.layer for v in plan.variables if v.exchangeable}  # kernel apart from its bias
+    shapes = _dense_shapes(profile, plan.variables)
     per_byte = profile.update_s / max(profile.grad_bytes, 1)
     out = []
-    for b in sorted(plan.buckets, key=lambda b: b.index):
-        idx = tuple(sorted(pos[name] for name in b.layers))
-        nbytes = sum(profile.layers[i].grad_bytes for i in idx)
-        out.append(_Bucket(b.index, idx, nbytes,
-                           sum(max(profile.layers[i].tensors, 1) for i in idx),
-                           nbytes * per_byte, b.phase))
+
+    def size(v: VarSpec) -> tuple[int, int]:
+        """The profile's bytes and tensors of one variable (a kernel: one tensor)."""
+        la = profile.layers[pos[v.layer]]
+        if v.exchangeable:
+            return la.kernel_bytes, 1
+        apart = v.layer in split
+        return la.grad_bytes - apart * la.kernel_bytes, max(la.tensors - apart, 1)
+
+    for b in plan.buckets:
+        idx = tuple(sorted({pos[v.layer] for v in b.variables}))
+        nbytes, tensors = (sum(col) for col in zip(*map(size, b.variables), strict=True))
+        shape = shapes[b.variables[0].index] if b.collective == EXCHANGE else None
+        out.append(_Bucket(b.index, idx, nbytes, tensors, nbytes * per_byte, b.phase, shape,
+                           itemsize(b.dtype)))
     return out
+
+
+@dataclass(frozen=True)
+class ExchangeChoice:
+    """One dense kernel on ``ranks`` ranks: the bytes one rank sends per step with
+    reduce-scatter plus all-gather and with the exchange (of which the activations), and
+    whether ``exchange="auto"`` uses the exchange."""
+
+    ranks: int
+    layer: str
+    shape: DenseShape
+    sharded_bytes: float
+    exchange_bytes: float
+    activation_bytes: float
+    exchanged: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def exchange_choices(profile: Profile, ranks: int, strategy: str = EXCHANGE_STRATEGIES[0],
+                     bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> list[ExchangeChoice]:
+    """Each dense kernel of the profile (forward order) as ``strategy``'s plan on ``ranks``
+    ranks treats it (``label_exchange``'s choice, ``DenseShape``'s bytes)."""
+    plan = plan_of(profile, strategy, bucket_bytes, ranks=ranks)
+    if plan is None:
+        return []
+    shapes = _dense_shapes(profile, plan.variables)
+    out = []
+    for b in plan.buckets:
+        v = b.variables[0]
+        if not b.rows or v.index not in shapes:
+            continue
+        s, size = shapes[v.index], itemsize(v.dtype)
+        out.append((v.index, ExchangeChoice(
+            ranks, v.layer, s, s.sharded_elements(ranks) * size,
+            s.exchange_elements(ranks) * size, s.activation_elements(ranks) * size,
+            b.collective == EXCHANGE)))
+    return [c for _, c in sorted(out, key=lambda ic: ic[0])]
 
 
 def build_step(profile: Profile, strategy: str, cluster: Cluster,
@@ -284,7 +424,7 @@ def build_step(profile: Profile, strategy: str, cluster: Cluster,
     """The compute tasks and collectives of one steady-state step of ``strategy``."""
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy {strategy!r}: choose one of {', '.join(STRATEGIES)}")
-    plan = plan_of(profile, strategy, cluster.bucket_bytes, defer)
+    plan = plan_of(profile, strategy, cluster.bucket_bytes, defer, cluster.ranks)
     layers = profile.layers
     reqs: list[Request] = []
     per_byte = profile.update_s / max(profile.grad_bytes, 1)
@@ -293,29 +433,39 @@ def build_step(profile: Profile, strategy: str, cluster: Cluster,
         reqs.append(Request(**kw))
         return len(reqs) - 1
 
+    def exchange(b: _Bucket, s: DenseShape) -> tuple[int, int]:
+        """The layer's input (alltoall of each rank's B x n_in) and output errors (all-gather
+        of P x B x n_out in all), once per call."""
+        x = request(kind="alltoall", nbytes=s.calls * s.batch * s.n_in * b.itemsize, tensors=1,
+                    label=f"alltoall inputs bucket {b.index}")
+        dy = request(kind="allgather", nbytes=s.calls * cluster.ranks * s.batch * s.n_out
+                     * b.itemsize, tensors=1, label=f"allgather errors bucket {b.index}")
+        return x, dy
+
     buckets = buckets_of(profile, plan=plan)
     sharded = plan is not None and any(b.collective != ALLREDUCE for b in plan.buckets)
     fused_by_horovod = plan is not None and plan.fused_by_horovod
-    # early: reduced (sharded: reduce-scattered) during this step's backprop; late: travel at
-    # the start of the step, in forward order (sharded: the all-gather of updated parameters;
-    # the early-only ones are all-gathered right after their update, in backprop)
+    # early: reduced (sharded: reduce-scattered, or exchanged) during this step's backprop;
+    # late: travel at the start of the step, in forward order (sharded: the all-gather of
+    # updated parameters; the early-only ones are all-gathered right after their update, in
+    # backprop)
     late = [b for b in buckets if b.phase == FORWARD]
     early = buckets if sharded else [b for b in buckets if b.phase == BACKWARD]
     late_index = {b.index for b in late}
     kind_late = "allgather" if sharded else "allreduce"
     kind_early = "reduce_scatter" if sharded else "allreduce"
 
-    # start of the step: the late buckets in forward order, one after the other
+    # start of the step: the late buckets in forward order (the plan's), one after the other
     waits_before: dict[int, tuple[int, ...]] = {}
     pre: dict[int, Task] = {}
     prev = None
-    for b in reversed(late):
+    for b in late:
         rid = request(kind=kind_late, nbytes=b.nbytes, tensors=b.tensors,
                       label=f"{kind_late} bucket {b.index}", at_start=prev is None, after=prev)
         prev = rid
         first = b.layers[0]
         if sharded:                 # parameters arrive already updated
-            waits_before[first] = (rid,)
+            waits_before[first] = waits_before.get(first, ()) + (rid,)
         else:                       # the update is applied right before the layer's forward
             pre[first] = Task(f"update bucket {b.index}", b.update_s, (rid,))
 
@@ -324,23 +474,40 @@ def build_step(profile: Profile, strategy: str, cluster: Cluster,
         if i in pre:
             tasks.append(pre[i])
         tasks.append(Task(f"forward {la.name}", la.forward_s, waits_before.get(i, ())))
-    # backward, output layer first; collectives issued as gradients appear
-    ready_at = {b.layers[0]: b for b in early}
+    # backward, output layer first; collectives issued as gradients appear (exchanges as their
+    # layer's backward starts)
+    ready_at: dict[int, list[_Bucket]] = {}
+    exchanged: dict[int, list[_Bucket]] = {}
+    for b in early:
+        (ready_at if b.exchange is None else exchanged).setdefault(b.layers[0], []).append(b)
     post: list[Task] = []
     eager: list[Task] = []
     for i in reversed(range(len(layers))):
         la = layers[i]
         issues: tuple[int, ...] = ()
+        work = la.backward_s
+        for b, shape in ((b, b.exchange) for b in exchanged.get(i, []) if b.exchange):
+            got = exchange(b, shape)
+            tasks[-1].issues += got  # the previous task produced this layer's output errors
+            rows_s = min(la.forward_s, work)  # the kernel-gradient GEMM: the forward's FLOPs
+            work -= rows_s
+            if b.index in late_index:   # its rows all-gathered at the next step's start
+                eager.append(Task(f"gradient rows bucket {b.index}", rows_s, got, eager=True))
+                post.append(Task(f"update bucket {b.index}", b.update_s / cluster.ranks, got))
+            else:
+                ag = request(kind="allgather", nbytes=b.nbytes, tensors=b.tensors,
+                             label=f"allgather bucket {b.index}")
+                eager.append(Task(f"gradient rows, update bucket {b.index}",
+                                  rows_s + b.update_s / cluster.ranks, got, (ag,), eager=True))
         if fused_by_horovod and la.grad_bytes:
             rid = request(kind="allreduce", nbytes=la.grad_bytes, tensors=max(la.tensors, 1),
                           label=f"allreduce {la.name}", fusable=True)
             issues = (rid,)
             post.append(Task(f"update {la.name}", la.grad_bytes * per_byte, (rid,)))
-        elif i in ready_at:
-            b = ready_at[i]
+        for b in () if fused_by_horovod else ready_at.get(i, ()):
             rid = request(kind=kind_early, nbytes=b.nbytes, tensors=b.tensors,
                           label=f"{kind_early} bucket {b.index}")
-            issues = (rid,)
+            issues += (rid,)
             if not sharded:
                 post.append(Task(f"update bucket {b.index}", b.update_s, (rid,)))
             elif b.index in late_index:  # all-gathered at the next step's start
@@ -350,7 +517,7 @@ def build_step(profile: Profile, strategy: str, cluster: Cluster,
                              label=f"allgather bucket {b.index}")
                 eager.append(Task(f"update bucket {b.index}", b.update_s / cluster.ranks,
                                   (rid,), (ag,), eager=True))
-        tasks.append(Task(f"backward {la.name}", la.backward_s, issues=issues))
+        tasks.append(Task(f"backward {la.name}", work, issues=issues))
     return tasks + post + eager, reqs
 
 
@@ -360,7 +527,7 @@ def _cost(cluster: Cluster, reqs: Sequence[Request]) -> float:
     """Seconds of one collective carrying ``reqs`` (fused if several)."""
     nbytes = sum(r.nbytes for r in reqs)
     ring = {"allreduce": cluster.allreduce, "reduce_scatter": cluster.reduce_scatter,
-            "allgather": cluster.allgather}[reqs[0].kind]
+            "allgather": cluster.allgather, "alltoall": cluster.alltoall}[reqs[0].kind]
     return ring(nbytes) + cluster.tensor_s * sum(r.tensors for r in reqs)
 
 

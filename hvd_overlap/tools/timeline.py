@@ -29,6 +29,7 @@ class Collective:
     enqueued: float
     start: float
     end: float
+    nbytes: int = 0  # this rank's output tensor (the timeline's dtype and shape), 0 if unknown
 
     @property
     def bucket(self) -> int | None:
@@ -73,6 +74,34 @@ def merge_groups(collectives: list[Collective]) -> list[Collective]:
     return sorted(merged.values(), key=lambda c: (c.start, c.tensor))
 
 
+_ITEMSIZE = {"uint8": 1, "int8": 1, "float16": 2, "int32": 4, "float32": 4, "int64": 8,
+             "float64": 8}
+
+
+def _nbytes(args: dict) -> int:
+    """Bytes of the output tensor a timeline end event describes (``dtype``, ``shape``:
+    ``"[4, 3]"``)."""
+    try:
+        dims = json.loads(args["shape"])
+    except (KeyError, ValueError):
+        return 0
+    n = 1
+    for d in dims:
+        n *= int(d)
+    return n * _ITEMSIZE.get(args.get("dtype", ""), 4)
+
+
+#: Bytes one rank sends for a collective whose output on that rank has ``n`` bytes (what Horovod
+#: 0.28.1's timeline logs), on ``p`` ranks, by ring algorithms. Horovod logs no size for an
+#: all-to-all: it is missing from what a timeline can tell.
+SENT_PER_RANK = {
+    "ALLREDUCE": lambda n, p: 2 * (p - 1) / p * n,
+    "REDUCESCATTER": lambda n, p: (p - 1) * n,   # the output is this rank's 1/P
+    "ALLGATHER": lambda n, p: (p - 1) / p * n,   # the output is every rank's part
+    "BROADCAST": lambda n, p: n,
+}
+
+
 def read_timeline(path: str | Path) -> list[Collective]:
     """Every completed collective in the file, ordered by the time communication started."""
     names: dict[int, str] = {}
@@ -92,5 +121,6 @@ def read_timeline(path: str | Path) -> list[Collective]:
             if name.startswith("NEGOTIATE_"):
                 enqueued[pid] = begin
             elif pid in names:
-                out.append(Collective(names[pid], name, enqueued.pop(pid, begin), begin, ev["ts"]))
+                out.append(Collective(names[pid], name, enqueued.pop(pid, begin), begin, ev["ts"],
+                                      _nbytes(ev.get("args", {}))))
     return sorted(out, key=lambda c: (c.start, c.tensor))

@@ -82,9 +82,35 @@ def odd_sizes() -> tf.keras.Model:
                                 L.Dense(10)])
 
 
+def dense_mix() -> tf.keras.Model:
+    """Dense layers wide and narrow, row counts even and odd (33, 17: uneven rows on 2 ranks),
+    with and without bias and activation, and a frozen one."""
+    L = tf.keras.layers
+    frozen = L.Dense(12, activation="relu", name="frozen")
+    frozen.trainable = False
+    return tf.keras.Sequential([
+        L.Flatten(input_shape=(12, 12, 1)),
+        L.Dense(33, activation="tanh", name="wide"),          # 144 x 33
+        L.Dense(17, use_bias=False, name="nobias"),           # 33 x 17
+        frozen,                                               # 17 x 12, not trained
+        L.Dense(10, name="logits"),                           # 12 x 10
+    ])
+
+
+def dense_l2() -> tf.keras.Model:
+    """Dense layers with L2 kernel regularizers (a loss term on the whole kernel)."""
+    L = tf.keras.layers
+    return tf.keras.Sequential([
+        L.Flatten(input_shape=(12, 12, 1)),
+        L.Dense(31, activation="relu", kernel_regularizer=tf.keras.regularizers.L2(0.01)),
+        L.Dense(10, kernel_regularizer=tf.keras.regularizers.L2(0.01)),
+    ])
+
+
 MODELS: dict[str, Callable[[], tf.keras.Model]] = {
     "cnn_bn": cnn_bn, "shared_layer": shared_layer,
     "embedding": embedding, "unused_branch": unused_branch, "odd_sizes": odd_sizes,
+    "dense_mix": dense_mix, "dense_l2": dense_l2,
 }
 
 
@@ -237,7 +263,8 @@ def train_loop(model_name: str, opt_name: str, wrap, tape_wrap=None,
         return loss
 
     # the documented custom-loop pair for deferring strategies: make_train_step ... flush
-    run = opt.make_train_step(step) if hasattr(opt, "make_train_step") else tf.function(step)
+    run = opt.make_train_step(step, model) if hasattr(opt, "make_train_step") else \
+        tf.function(step)
     for xb, yb in ds:
         run(xb, yb)
     if hasattr(opt, "flush"):

@@ -18,6 +18,7 @@ from hvd_overlap.comm.methods import Grad
 from hvd_overlap.comm.schedule import chain, issue_forward
 from hvd_overlap.core.plan import BACKWARD, FORWARD, Plan
 from hvd_overlap.core.sharding import BucketSlices, ShardLayout, partition
+from hvd_overlap.keras.exchange import DenseExchanges
 from hvd_overlap.keras.executors.forward_phase import NextStepExecutor
 from hvd_overlap.keras.sharded_state import ShardedState, plain_order, stale_state_error
 
@@ -28,6 +29,14 @@ class ShardedExecutor(NextStepExecutor):
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.state = ShardedState(self.settings.name, self.opt, self.plain.cls)
+        self.exchange = DenseExchanges(self.planner.options.exchange, self.settings,
+                                       self.phase.installed)
+
+    def attach_model(self, model: Any) -> None:
+        """With ``exchange``: patch the model's dense layers the exchange can carry (before the
+        first step; later, the layout is fixed and nothing changes)."""
+        if self.plan is None:
+            self.exchange.attach(model)
 
     def apply_gradients(self, grads: list[Grad], variables: list[tf.Variable],
                         args: tuple, kwargs: dict, reduced: bool = False) -> Any:
@@ -36,6 +45,8 @@ class ShardedExecutor(NextStepExecutor):
         the start of the next step -- or now, on the first trace (no pre-forward phase was set
         up yet) and in steps without that phase."""
         defer = self.phase.can_defer()
+        if self.plan is None:
+            self.planner.exchangeable = self.exchange.kernel_refs()
         plan = self.planner.plan_for(variables, grads)
         first = self.plan is None
         if first:
@@ -51,9 +62,13 @@ class ShardedExecutor(NextStepExecutor):
         if reduced:
             grads = [g if g is None else tf.convert_to_tensor(g) for g in grads]
         pairs = []
+        carried = self.exchange.carried(st.variables)  # kernels whose rows came global
         for b in st.layout.buckets:
             with tf.control_dependencies(checks):
-                piece = st.slice_of(b, grads) if reduced else self.method.scatter(b, grads)
+                if reduced or b.segments[0].index in carried:
+                    piece = st.slice_of(b, grads)  # this rank's rows: global already
+                else:
+                    piece = self.method.scatter(b, grads)
             st.params[b.bucket].assign(st.slice_of(b, variables))  # current weights, exactly
             pairs.append((piece, st.params[b.bucket]))
         self.apply_part(pairs, count=True)
@@ -74,6 +89,25 @@ class ShardedExecutor(NextStepExecutor):
         for seg, value in zip(bucket.segments, whole, strict=True):
             st.variables[seg.index].assign(value)
         return tf.constant(True)
+
+    def reduce_now(self, grads: list[Grad], variables: list[tf.Variable]) -> list[Grad]:
+        if self.exchange.carried(variables):
+            raise ValueError(
+                "compute_gradients returns global gradients, but the dense factor exchange "
+                "gives each rank only its rows of a kernel's gradient: let apply_gradients "
+                "receive the local gradients (model.fit, minimize, or tape.gradient then "
+                "apply_gradients), or pass exchange='never' to DistributedOptimizer")
+        return super().reduce_now(grads, variables)
+
+    def take_retrace(self) -> bool:
+        """After the first step (every rank): with ``exchange``, decide which kernels it
+        carries from the batch seen (agreed across ranks) and activate them, then retrace."""
+        asked = self.phase.take_retrace()
+        if asked and self.plan is not None and self.exchange.layers:
+            plan = self.exchange.decide(self.plan, self.state.variables, self.state.layout)
+            self.planner.replace_plan(self.plan, plan)
+            self.plan = plan
+        return asked
 
     def pre_forward(self) -> None:
         self.phase.mark()

@@ -16,6 +16,23 @@ CLEAN = (STOCK, LOCAL)
 MODEL_NAMES = ("vgg", "resnet20", "mlp", "cnn")
 #: ``strategy="auto"``: measured when asked for (``--strategies ...,auto``), not by default
 AUTO = "auto"
+#: Options a sharded strategy's name can carry in ``--strategies``: ``sharded+exchange`` is
+#: ``strategy="sharded", exchange="auto"``; ``+alltoall``: ``gather_with="alltoall"``.
+SHARDED_OPTIONS = {"exchange": {"exchange": "auto"}, "alltoall": {"gather_with": "alltoall"}}
+
+
+def plugin_options(name: str) -> tuple[str, dict[str, str]]:
+    """A bench strategy name as ``DistributedOptimizer``'s strategy and extra keywords
+    (``sharded+exchange+alltoall``: ``"sharded"``, ``exchange="auto"``,
+    ``gather_with="alltoall"``). Raises ValueError for an unknown option."""
+    base, *opts = name.split("+")
+    extra: dict[str, str] = {}
+    for o in opts:
+        if o not in SHARDED_OPTIONS or not base.startswith("sharded"):
+            raise ValueError(f"--strategies {name}: options after '+' are "
+                             f"{', '.join(SHARDED_OPTIONS)}, for the sharded strategies only")
+        extra.update(SHARDED_OPTIONS[o])
+    return base, extra
 
 
 def is_clean_group(strategies: Iterable[str]) -> bool:
@@ -63,10 +80,10 @@ class BenchConfig:
         if self.timeout <= 0:
             raise ValueError("--timeout must be positive")
         known = (*all_strategies(), AUTO)
-        unknown = [s for s in self.strategies if s not in known]
+        unknown = [s for s in self.strategies if plugin_options(s)[0] not in known]
         if unknown or not self.strategies:
             raise ValueError(f"--strategies {','.join(unknown) or '(empty)'}: choose from "
-                             f"{', '.join(known)}")
+                             f"{', '.join(known)} (sharded ones with +exchange, +alltoall)")
         if len(set(self.strategies)) != len(self.strategies):
             raise ValueError("--strategies: a strategy is named twice")
         parse_net(self.net)

@@ -138,7 +138,7 @@ def _launch(cfg: BenchConfig, job: Job, tmp: Path, network: str | Hosts | None,
 def merge(cfg: BenchConfig, launches: list[dict[str, Any]]) -> dict[str, Any]:
     """One raw result from the launches: step times per strategy in round order, wire times
     from the timelines, and what every launch recorded about its process."""
-    from hvd_overlap.tools.bench.timelines import wire_time_per_step
+    from hvd_overlap.tools.bench.timelines import wire_bytes_per_step, wire_time_per_step
 
     first = launches[0]
     times: dict[str, list[float]] = {s: [] for s in cfg.strategies}
@@ -147,12 +147,15 @@ def merge(cfg: BenchConfig, launches: list[dict[str, Any]]) -> dict[str, Any]:
             times[s].append(t)
     wire = {s: wire_time_per_step(path, cfg.steps)
             for raw in launches for s, path in raw["timelines"].items()}
+    sent = {s: wire_bytes_per_step(path, cfg.steps, first["ranks"])
+            for raw in launches for s, path in raw["timelines"].items()}
     memory = {s: m for raw in launches for s, m in raw["optimizer_state_bytes"].items()}
     return {"config": json.loads(cfg.to_json()), "ranks": first["ranks"],
             "global_batch": first["global_batch"], "params": first["params"],
             "grad_bytes": first["grad_bytes"], "step_times": times,
             "wire_time_per_step_s": {s: w and w["all"] for s, w in wire.items()},
             "wire_by_collective_s": wire, "optimizer_state_bytes": memory,
+            "sent_bytes_per_step": sent,
             "launches": [{k: raw[k] for k in ("round", "strategies", "clean_process",
                                               "plugin_modules", "horovod_env", "load_avg_1min")}
                          for raw in launches],

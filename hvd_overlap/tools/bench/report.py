@@ -6,7 +6,9 @@ Horovod (``stock``: ``hvd.DistributedOptimizer`` in processes that never importe
 this one (> 1 is faster); ``efficiency`` = compute-only (``local``) step time / this one.
 ``bytes_per_step`` is the gradient bytes reduced per step: the sum of the model's trainable
 variable sizes (0 for ``local``); a ring allreduce sends ``2 (P-1)/P`` times that per rank,
-given as ``wire_bytes_per_rank``. ``wire_s`` is the time the gradient collectives really spent on
+given as ``wire_bytes_per_rank``; ``sent_bytes_per_rank`` is what rank 0 really sent per step,
+read from the timeline (each collective's logged input size times its algorithm's share, per
+kind of collective and in ``all``). ``wire_s`` is the time the gradient collectives really spent on
 the wire per step (from a Horovod timeline) and ``hidden`` = 1 - (step time - local step time) /
 ``wire_s``: the fraction of that communication time hidden behind compute.
 
@@ -45,6 +47,7 @@ def summarize(raw: dict[str, Any]) -> Summary:
             "efficiency": steps[LOCAL] / t if LOCAL in steps else None,
             "bytes_per_step": sent,
             "wire_bytes_per_rank": round(sent * 2 * (ranks - 1) / ranks),
+            "sent_bytes_per_rank": (raw.get("sent_bytes_per_step") or {}).get(s),
             "round_step_times_s": list(raw["step_times"][s]),
             "wire_s": raw.get("wire_time_per_step_s", {}).get(s),
             "hidden": hidden_fraction(t, steps.get(LOCAL), raw.get(
@@ -115,21 +118,27 @@ def headline(raw: dict[str, Any]) -> str:
 
 def format_table(summary: Summary) -> str:
     """Fixed-width table, one row per strategy."""
-    lines = [f"{'strategy':<10} {'samples/s':>10} {'step ms':>9} {'vs stock':>10} "
-             f"{'efficiency':>10} {'MiB/step':>9} {'wire ms':>8} {'hidden':>7} {'slots MiB':>9}"]
+    w = max(10, *(len(s) for s in summary))
+    lines = [f"{'strategy':<{w}} {'samples/s':>10} {'step ms':>9} {'vs stock':>10} "
+             f"{'efficiency':>10} {'MiB/step':>9} {'sent MiB':>9} {'wire ms':>8} {'hidden':>7} "
+             f"{'slots MiB':>9}"]
     for s, m in summary.items():
         wire = m.get("wire_s")
-        lines.append(f"{s:<10} {m['samples_per_sec']:>10.1f} {m['step_time_s'] * 1e3:>9.1f} "
+        sent = (m.get("sent_bytes_per_rank") or {}).get("all")
+        lines.append(f"{s:<{w}} {m['samples_per_sec']:>10.1f} {m['step_time_s'] * 1e3:>9.1f} "
                      f"{_num(m['ratio_to_stock'], '.3f'):>9}x "
                      f"{_num(m['efficiency'], '.2f'):>10} {m['bytes_per_step'] / 2**20:>9.1f} "
+                     f"{_num(sent / 2**20 if sent else None, '.1f'):>9} "
                      f"{_num(wire * 1e3 if wire else None, '.1f'):>8} "
                      f"{_num(m.get('hidden'), '.0%'):>7} "
                      f"{_num(m.get('slot_mib'), '.1f'):>9}")
     lines.append("vs stock: real stock Horovod's step time (hvd.DistributedOptimizer in a process "
                  "that never imported the plugin) / this; efficiency: local (no communication) "
-                 "step time / this; MiB/step: gradient bytes reduced per step; wire ms: time the "
-                 "collectives spent on the wire per step (Horovod timeline); hidden: 1 - (step - "
-                 "local step) / wire; slots MiB: optimizer slots per rank (sharded: for its slices "
+                 "step time / this; MiB/step: gradient bytes reduced per step; sent MiB: what "
+                 "rank 0 sent per step (Horovod timeline: each collective's size x its "
+                 "algorithm's share); wire ms: time the collectives spent on the wire per step "
+                 "(Horovod timeline); hidden: 1 - (step - local step) / wire; slots MiB: "
+                 "optimizer slots per rank (sharded: for its slices "
                  "only; it also keeps the parameter slices it updates, slice_mib in the JSON)")
     for s, m in summary.items():
         if m.get("reduce_scatter_hidden") is not None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hvd_overlap.tools.timeline import merge_groups, read_timeline
+from hvd_overlap.tools.timeline import SENT_PER_RANK, merge_groups, read_timeline
 from hvd_overlap.tools.timeline_report import covered, exposed_after_last_enqueue
 
 
@@ -26,4 +26,20 @@ def wire_time_per_step(path: str | Path, steps: int) -> dict[str, float] | None:
     scatters = [c for c in trips if c.op == "REDUCESCATTER"]
     if scatters:
         out["REDUCESCATTER_after_backprop"] = exposed_after_last_enqueue(scatters) / per_step
+    return out
+
+
+def wire_bytes_per_step(path: str | Path, steps: int, ranks: int) -> dict[str, float] | None:
+    """Bytes this rank sent per step in the same timeline, from each collective's output size
+    (Horovod logs its dtype and shape) and the algorithm's share (``SENT_PER_RANK``): in all
+    and per kind of collective (an all-to-all's size is not logged: not counted). None if the
+    file is missing."""
+    if not Path(path).exists():
+        return None
+    trips = [c for c in read_timeline(path) if not c.tensor.startswith("hvdo.bench")]
+    out: dict[str, float] = {"all": 0.0}
+    for c in trips:
+        sent = SENT_PER_RANK.get(c.op, lambda n, p: 0.0)(c.nbytes, ranks) / (steps + 2)
+        out[c.op] = out.get(c.op, 0.0) + sent
+        out["all"] += sent
     return out

@@ -27,7 +27,14 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from hvd_overlap.tools.bench.config import AUTO, LOCAL, STOCK, BenchConfig, is_clean_group
+from hvd_overlap.tools.bench.config import (
+    AUTO,
+    LOCAL,
+    STOCK,
+    BenchConfig,
+    is_clean_group,
+    plugin_options,
+)
 
 PROGRESS = "hvdo: "  # prefix of progress lines (the launcher forwards them)
 #: The plugin's runtime: a clean (baseline) process loads none of it (the pure ``core`` and the
@@ -116,8 +123,9 @@ class Trainee:
             import hvd_overlap.keras as hk
             from hvd_overlap import STRATEGIES
 
-            opt = hk.DistributedOptimizer(opt, strategy=strategy)
-            if strategy == AUTO or STRATEGIES[strategy].defers:
+            name, extra = plugin_options(strategy)
+            opt = hk.DistributedOptimizer(opt, strategy=name, **extra)
+            if name == AUTO or STRATEGIES[name].defers:
                 self.callbacks.append(hk.OverlapCallback())
         self.model.compile(opt, tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
 

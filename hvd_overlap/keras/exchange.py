@@ -1,0 +1,224 @@
+"""The dense factor exchange at run time (``strategy="sharded", exchange=...``).
+
+A ``Dense`` layer whose kernel the exchange carries computes ``x @ kernel`` through a custom
+gradient: in backprop, instead of the local ``x^T dY`` (never computed), it sends its input
+with an all-to-all -- each rank receives, for the whole global batch, the columns of ``x`` that
+belong to its own rows of the kernel -- and all-gathers the output errors ``dY``; one local GEMM
+then gives the exact global gradient of the rank's own rows. The gradient the tape returns for
+the kernel holds those rows (averaged like Horovod's ``op``) and zeros elsewhere; the sharded
+executor takes its rows from it and updates them, and the updated rows are all-gathered as any
+sharded bucket. The numbers (row split, bytes, when it pays) are ``hvd_overlap.core.exchange``.
+
+Until ``activate`` (after the first step, when the batch is known and the plan decided) a
+patched layer computes as Keras does and only records its batch size. Only train steps (graphs
+that run the optimizer's pre-forward phase) take the patched path; anything else -- ``predict``,
+``evaluate``, tracing for export -- gets Keras's own ``call``.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import horovod.tensorflow as hvd
+import tensorflow as tf
+
+from hvd_overlap.core.exchange import NEVER, DenseShape, label_exchange, row_range, row_sizes
+from hvd_overlap.core.plan import EXCHANGE, Plan
+from hvd_overlap.core.sharding import ShardLayout
+from hvd_overlap.keras.state_scope import plugin_state
+
+
+def exchangeable_layers(model: Any) -> list[tf.keras.layers.Dense]:
+    """The layers of ``model`` (nested ones too) whose kernel the exchange can carry exactly:
+    Keras ``Dense`` (or a subclass that keeps its ``call``), trainable, with a 2-D kernel and
+    the same compute and variable dtype (not under a mixed-precision policy)."""
+    out = []
+    for layer in _all_layers(model):
+        if not isinstance(layer, tf.keras.layers.Dense) or \
+                type(layer).call is not tf.keras.layers.Dense.call:
+            continue
+        policy = layer.dtype_policy
+        if layer.trainable and policy.compute_dtype == policy.variable_dtype:
+            out.append(layer)
+    return out
+
+
+def _all_layers(model: Any) -> Iterable[Any]:
+    seen: set[int] = set()
+    for layer in [model, *getattr(model, "submodules", ())]:
+        if id(layer) not in seen and isinstance(layer, tf.keras.layers.Layer):
+            seen.add(id(layer))
+            yield layer
+
+
+class ExchangedDense:
+    """One patched ``Dense`` layer: its ``call`` replaced (an instance attribute), its batch
+    size recorded, and, once active, its kernel gradient computed by the exchange."""
+
+    def __init__(self, layer: tf.keras.layers.Dense, name: str, average: bool,
+                 in_train_step: Callable[[], bool]):
+        self.layer = layer
+        self.name = name
+        self.average = average
+        self.in_train_step = in_train_step  # the graph being built is a train step's
+        self.active = False
+        self.rows: tuple[int, int] | None = None
+        with plugin_state():
+            self.batch = tf.Variable(0, dtype=tf.int64, trainable=False, name=f"{name}_batch")
+        self.calls = 0  # most calls seen in one traced graph (a shared layer: more than one)
+        self._plain: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._exchanged: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        layer.call = self.call  # Keras's __call__ calls self.call
+
+    def detach(self) -> None:
+        """Give the layer its own ``call`` back."""
+        if vars(self.layer).get("call") == self.call:
+            del self.layer.call
+
+    @property
+    def kernel(self) -> tf.Variable | None:
+        return getattr(self.layer, "kernel", None)
+
+    def activate(self, rows: tuple[int, int]) -> None:
+        """From the next trace on, this rank owns kernel rows ``[start, stop)`` and the kernel
+        gradient comes from the exchange."""
+        self.rows, self.active = rows, True
+
+    # -- what the executor asks, for the graph being built ---------------------------------
+
+    def exchanged_here(self) -> bool:
+        """True if the graph being built computed this kernel's gradient by the exchange.
+        Raises if it also used the layer the plain way (the gradients would mix)."""
+        ex, plain = _count_in(self._exchanged), _count_in(self._plain)
+        if ex and plain:
+            raise ValueError(
+                f"layer {self.layer.name!r} is called both on 2-D inputs (whose kernel gradient "
+                "the dense factor exchange computes) and on other inputs in one train step; "
+                "its gradients cannot be combined. Pass exchange='never' to "
+                "DistributedOptimizer")
+        return bool(ex)
+
+    # -- the layer's call --------------------------------------------------------------------
+
+    def call(self, inputs: Any) -> Any:
+        layer = self.layer
+        if not (tf.inside_function() and self.in_train_step()):
+            return type(layer).call(layer, inputs)  # inference, tracing for export: Keras's own
+        two_d = isinstance(inputs, tf.Tensor) and inputs.shape.rank == 2
+        graph = tf.compat.v1.get_default_graph()
+        if not (two_d and self.active):
+            if two_d:
+                self.batch.assign(tf.shape(inputs, out_type=tf.int64)[0])
+            self._count(self._plain, graph)
+            return type(layer).call(layer, inputs)
+        use = self._count(self._exchanged, graph)
+        if inputs.dtype.base_dtype != layer._compute_dtype_object.base_dtype:
+            inputs = tf.cast(inputs, dtype=layer._compute_dtype_object)
+        outputs = self._matmul(inputs, tf.convert_to_tensor(layer.kernel), f"{self.name}.{use}")
+        if layer.use_bias:
+            outputs = tf.nn.bias_add(outputs, layer.bias)
+        if layer.activation is not None:
+            outputs = layer.activation(outputs)
+        return outputs
+
+    def _count(self, table: weakref.WeakKeyDictionary, graph: Any) -> int:
+        """Count one more call in ``graph``; the call's number (0 first)."""
+        n = table.get(graph, 0)
+        table[graph] = n + 1
+        self.calls = max(self.calls, _count_in(self._plain) + _count_in(self._exchanged))
+        return n
+
+    def _matmul(self, x: tf.Tensor, kernel: tf.Tensor, name: str) -> tf.Tensor:
+        @tf.custom_gradient
+        def matmul(x, kernel):
+            def grad(dy):
+                return tf.matmul(dy, kernel, transpose_b=True), self._kernel_grad(x, dy, name)
+            return tf.matmul(x, kernel), grad
+        return matmul(x, kernel)
+
+    def _kernel_grad(self, x: tf.Tensor, dy: tf.Tensor, name: str) -> tf.Tensor:
+        """This rank's rows of the global kernel gradient, zeros elsewhere (full shape)."""
+        n_in = int(self.layer.kernel.shape[0])
+        sizes = row_sizes(n_in, hvd.size())
+        start, stop = self.rows if self.rows else row_range(n_in, hvd.size(), hvd.rank())
+        batch = tf.shape(x)[0]
+        # column block r of x goes to rank r; rank order in, rank order out
+        send = tf.concat([tf.reshape(part, [-1]) for part in tf.split(x, sizes, axis=1)], 0)
+        received, _ = hvd.alltoall(send, splits=tf.stack([batch * s for s in sizes]),
+                                   name=f"{name}.x", ignore_name_scope=True)
+        x_mine = tf.reshape(received, [-1, stop - start])          # global batch x my columns
+        dy_all = hvd.allgather(dy, name=f"{name}.dy", ignore_name_scope=True)  # rank order
+        rows = tf.matmul(x_mine, dy_all, transpose_a=True)
+        if self.average:
+            rows = rows / tf.cast(hvd.size(), rows.dtype)
+        return tf.pad(rows, [[start, n_in - stop], [0, 0]])
+
+
+def _count_in(table: weakref.WeakKeyDictionary) -> int:
+    """Calls counted in the graph being built or a graph it is nested in."""
+    graph = tf.compat.v1.get_default_graph()
+    while graph is not None:
+        if graph in table:
+            return table[graph]
+        graph = getattr(graph, "outer_graph", None)
+    return 0
+
+
+class DenseExchanges:
+    """A sharded executor's patched layers and the decision which kernels the exchange
+    carries (``exchange``: ``never``, ``auto`` or ``always``)."""
+
+    def __init__(self, mode: str, settings: Any, in_train_step: Callable[[], bool]):
+        self.mode = mode
+        self.settings = settings
+        self.in_train_step = in_train_step
+        self.layers: list[ExchangedDense] = []
+
+    def attach(self, model: Any) -> None:
+        """Patch the model's exchangeable layers (once; a no-op with ``exchange="never"`` or
+        on one rank)."""
+        if self.mode == NEVER or self.layers or hvd.size() < 2:
+            return
+        average = self.settings.op == hvd.Average
+        self.layers = [ExchangedDense(layer, f"{self.settings.name}.xch{i}", average,
+                                      self.in_train_step)
+                       for i, layer in enumerate(exchangeable_layers(model))]
+
+    def kernel_refs(self) -> frozenset:
+        """Refs of the patched layers' kernels (built ones)."""
+        return frozenset(x.kernel.ref() for x in self.layers if x.kernel is not None)
+
+    def carried(self, variables: list[tf.Variable]) -> set[int]:
+        """Positions in ``variables`` of the kernels whose gradient the graph being built
+        computed by the exchange."""
+        by_ref = {x.kernel.ref(): x for x in self.layers if x.active}
+        return {i for i, v in enumerate(variables)
+                if v.ref() in by_ref and by_ref[v.ref()].exchanged_here()}
+
+    def decide(self, plan: Plan, variables: list[tf.Variable], layout: ShardLayout) -> Plan:
+        """Which kernels the exchange carries, from the batch each layer saw in the first step
+        (the largest over the ranks) and its calls per step; activates them with this rank's
+        rows. Eager, on every rank at the same step (one small allreduce)."""
+        by_ref = {x.kernel.ref(): x for x in self.layers if x.kernel is not None}
+        found = {s.index: by_ref[variables[s.index].ref()] for b in layout.buckets if b.rows
+                 for s in b.segments if variables[s.index].ref() in by_ref}
+        order = sorted(found)
+        seen = tf.stack([found[i].batch.read_value() for i in order]) if order else \
+            tf.zeros([0], tf.int64)
+        batch = hvd.allreduce(seen, op=hvd.Max, name=f"{self.settings.name}.xch.batch",
+                              ignore_name_scope=True).numpy()
+        shapes = {i: DenseShape(*variables[i].shape.as_list(), batch=int(b),
+                                calls=max(found[i].calls, 1))
+                  for i, b in zip(order, batch, strict=True) if b > 0}
+        labelled = label_exchange(plan, shapes, self.mode, hvd.size())
+        chosen = {v.index for b in labelled.buckets if b.collective == EXCHANGE
+                  for v in b.variables}
+        for b in layout.buckets:
+            index = b.segments[0].index
+            if b.rows and index in chosen and index in found:
+                n_out = b.segments[0].shape[1]
+                start, stop = b.owned(hvd.rank())
+                found[index].activate((start // n_out, stop // n_out))
+        return labelled

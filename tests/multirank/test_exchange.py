@@ -1,0 +1,190 @@
+"""The dense factor exchange (``strategy="sharded", exchange=...``): a dense kernel's gradient
+rows computed from exchanged inputs and output errors reach stock Horovod's weights; the local
+weight-gradient GEMM is gone from the graph; the plan decides per layer."""
+
+import horovod.tensorflow as hvd_tf
+import horovod.tensorflow.keras as hvd
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import hvd_overlap.keras as hvdo
+from hvd_overlap.core.plan import EXCHANGE
+from tests.multirank.helpers import (
+    BATCH,
+    LOSS,
+    MODELS,
+    OPTIMIZERS,
+    ModelCheckpointInTmp,
+    assert_weights_close,
+    max_abs_diff,
+    ours,
+    rank_data,
+    same_on_all_ranks,
+    stock,
+    stock_reference,
+    train_fit,
+    train_loop,
+)
+from tests.multirank.test_keras_usage import _fit_mixed
+
+
+def _exchanged(opt) -> list[str]:
+    """Names of the kernels the plan carries by the exchange."""
+    return [v.name for b in opt.plan.buckets if b.collective == EXCHANGE for v in b.variables]
+
+
+class _Keep(tf.keras.callbacks.Callback):
+    """Keeps the model's optimizer after fit (train_fit returns weights only)."""
+
+    opt = None
+
+    def on_train_end(self, logs=None):
+        _Keep.opt = self.model.optimizer
+
+
+@pytest.mark.parametrize("opt_name", ["sgd_momentum", "adam", "rmsprop"])
+def test_fit_matches_stock(opt_name):
+    """Every trainable dense kernel by the exchange (exchange='always'), rows even and odd,
+    with and without bias and activation, a frozen layer beside them."""
+    keep = _Keep()
+    got = train_fit("dense_mix", opt_name, ours("sharded", exchange="always"),
+                    callbacks=[keep], validation=True)
+    assert_weights_close(got, stock_reference("dense_mix", opt_name))
+    assert same_on_all_ranks(got)
+    assert sorted(n.split("/")[0] for n in _exchanged(keep.opt)) == ["logits", "nobias", "wide"]
+    # ...and the test can fail: a run that skips the exchange's last update ends elsewhere
+    assert max_abs_diff(got, stock_reference("dense_mix", "sgd")) > 1e-4
+
+
+def test_kernel_regularizers_match_stock():
+    """An L2 term on a kernel adds its (local, equal on every rank) gradient to the exchanged
+    rows: this rank's rows of the sum are still those of stock's average."""
+    got = train_fit("dense_l2", "sgd_momentum", ours("sharded", exchange="always"))
+    assert_weights_close(got, stock_reference("dense_l2", "sgd_momentum"))
+
+
+def test_auto_decides_per_layer_and_matches_stock():
+    """At 16 per rank on 2 ranks the exchange pays for the 144x33 kernel only."""
+    keep = _Keep()
+    got = train_fit("dense_mix", "adam", ours("sharded", exchange="auto", bucket_bytes=2048),
+                    callbacks=[keep])
+    assert_weights_close(got, stock_reference("dense_mix", "adam"))
+    assert [n.split("/")[0] for n in _exchanged(keep.opt)] == ["wide"]
+    notes = "\n".join(keep.opt.plan.notes)
+    assert "wide/kernel:0 [144, 33] at 16/rank" in notes and ": exchange (" in notes
+    assert "nobias/kernel:0 [33, 17] at 16/rank" in notes
+
+
+def test_shared_layer_and_sharded_hybrid_match_stock():
+    """One Dense layer called on two inputs: two exchanges per step, their rows summed."""
+    got = train_fit("shared_layer", "sgd_momentum",
+                    ours("sharded_hybrid", exchange="always", bucket_bytes=2048))
+    assert_weights_close(got, stock_reference("shared_layer", "sgd_momentum"))
+
+
+def test_rows_gathered_by_alltoall_match_stock():
+    """gather_with='alltoall' gathers the uneven rows through an alltoall with named splits."""
+    got = train_fit("dense_mix", "adam", ours("sharded", exchange="always",
+                                              gather_with="alltoall"))
+    assert_weights_close(got, stock_reference("dense_mix", "adam"))
+
+
+@pytest.mark.parametrize("opt_name", ["sgd_momentum", "adam"])
+def test_custom_loop_matches_distributed_tape(opt_name):
+    ref = train_loop("dense_mix", opt_name, lambda o: o, tape_wrap=hvd_tf.DistributedGradientTape)
+    got = train_loop("dense_mix", opt_name, ours("sharded", exchange="always"))
+    assert_weights_close(got, ref)
+
+
+def test_local_kernel_gradient_is_not_computed():
+    """In the traced train step, no MatMul yields a whole kernel's gradient ([144, 33]): the
+    exchange computes only this rank's rows ([72, 33] on 2 ranks)."""
+    tf.keras.utils.set_random_seed(3)
+    model = MODELS["dense_mix"]()
+    opt = hvdo.DistributedOptimizer(OPTIMIZERS["sgd"](), strategy="sharded", exchange="always")
+    model.compile(optimizer=opt, loss=LOSS)
+    x, y = rank_data("dense_mix", BATCH * 3)
+    cb = hvdo.OverlapCallback()
+    model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0, callbacks=[cb])
+    shapes = []
+    for fn in cb._functions.values():  # the traced steps of the last fit (after the decision)
+        for concrete in fn._list_all_concrete_functions_for_serialization():
+            shapes += [tuple(op.outputs[0].shape) for op in concrete.graph.get_operations()
+                       if op.type == "MatMul"]
+    rows = 144 // hvd.size()
+    assert (rows, 33) in shapes, shapes
+    assert (144, 33) not in shapes, shapes
+
+
+def test_gathered_state_equals_stock_slots():
+    """A checkpoint's optimizer state with the exchange: every rank's rows joined, equal to
+    stock Horovod's Adam moments (uneven rows included)."""
+    keep = _Keep()
+    train_fit("dense_mix", "adam", ours("sharded", exchange="always"), callbacks=[keep])
+    opt = keep.opt
+    saved = opt._hvdo.state.checkpoint
+    tf.keras.utils.set_random_seed(3)
+    model = MODELS["dense_mix"]()
+    ref = hvd.DistributedOptimizer(OPTIMIZERS["adam"]())
+    model.compile(optimizer=ref, loss=LOSS)
+    x, y = rank_data("dense_mix", BATCH * 12)
+    model.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0,
+              callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+    for slot, index in (("m", ref._momentums), ("v", ref._velocities)):
+        for i, r in enumerate(index):
+            np.testing.assert_allclose(saved.slots[slot][i], r.numpy(), rtol=1e-5, atol=1e-7,
+                                       err_msg=f"{slot} {i}")
+
+
+def test_checkpoint_resume_equals_uninterrupted_run():
+    """A checkpoint at the end of epoch 2 (rows gathered into whole arrays) resumes to the
+    weights of 4 uninterrupted epochs."""
+    wrap = ours("sharded", exchange="always")
+    whole = train_fit("dense_mix", "adam", wrap, epochs=4)
+    ckpt = ModelCheckpointInTmp()
+    train_fit("dense_mix", "adam", wrap, epochs=2, callbacks=[ckpt.callback])
+    resumed = train_fit("dense_mix", "adam", wrap, epochs=4, initial_epoch=2, restore=ckpt.path)
+    assert_weights_close(resumed, whole)
+    fresh = train_fit("dense_mix", "adam", wrap, epochs=4, initial_epoch=2, restore=ckpt.path,
+                      restore_optimizer=False)
+    assert max_abs_diff(fresh, whole) > 1e-4
+
+
+def test_mixed_precision_keeps_reduce_scatter_and_equals_stock():
+    """Under mixed_float16 a Dense layer computes in float16 with float32 kernels: the exchange
+    does not carry it (its gradient keeps the reduce-scatter), and the loss-scale optimizer's
+    skipped steps equal stock's."""
+    want, want_scale, want_steps = _fit_mixed(stock)
+    got, scale, steps = _fit_mixed(ours("sharded", exchange="always", bucket_bytes=2048))
+    assert (scale, steps) == (want_scale, want_steps)
+    for a, b in zip(want, got, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_layer_called_on_2d_and_3d_inputs_is_refused_on_every_rank():
+    """Its kernel gradient would mix exchanged rows with a local gradient: refused when the
+    step that would exchange is traced (before it runs), naming exchange='never'."""
+    L = tf.keras.layers
+    tf.keras.utils.set_random_seed(1)
+    x = L.Input((4, 6))
+    shared = L.Dense(5, name="both")
+    flat = L.Flatten()(shared(x))                  # 3-D input
+    first = shared(L.Lambda(lambda t: t[:, 0])(x))  # 2-D input
+    model = tf.keras.Model(x, L.Dense(10)(L.Concatenate()([flat, first])))
+    model.compile(ours("sharded", exchange="always")(tf.keras.optimizers.SGD(0.1)), loss=LOSS)
+    rng = np.random.default_rng(hvd.rank())
+    with pytest.raises(ValueError, match="exchange='never'"):
+        model.fit(rng.normal(size=(32, 4, 6)), rng.integers(0, 10, 32), batch_size=8,
+                  verbose=0, callbacks=[hvdo.OverlapCallback()])
+
+
+@pytest.mark.parametrize("kw, match", [
+    ({"strategy": "layerwise", "exchange": "always"}, "sharded"),
+    ({"strategy": "sharded", "exchange": "sometimes"}, "exchange="),
+    ({"strategy": "sharded", "exchange": "auto", "compression": hvd.Compression.fp16},
+     "compression"),
+])
+def test_bad_exchange_options_are_refused_on_every_rank(kw, match):
+    with pytest.raises(ValueError, match=match):
+        hvdo.DistributedOptimizer(tf.keras.optimizers.SGD(0.1), **kw)

@@ -1,0 +1,145 @@
+"""The dense factor exchange as numbers and plan data (pure Python, no ranks): row split,
+elements on the wire, the per-layer choice, the row-sliced layout, wire bytes from a timeline,
+the bench's spelling."""
+
+import numpy as np
+import pytest
+
+from hvd_overlap.core.exchange import (
+    ALWAYS,
+    AUTO,
+    NEVER,
+    DenseShape,
+    choose_exchange,
+    label_exchange,
+    row_range,
+    row_sizes,
+    split_exchangeable,
+)
+from hvd_overlap.core.plan import EXCHANGE, FORWARD, VarSpec
+from hvd_overlap.core.sharding import join_slices, own_slice, partition
+from hvd_overlap.core.strategies import PlanOptions, get_strategy
+from hvd_overlap.tools.bench.config import BenchConfig, plugin_options
+from hvd_overlap.tools.bench.timelines import wire_bytes_per_step
+
+
+def test_rows_split_as_horovods_reduce_scatter():
+    # Horovod's reducescatter of 5 rows on 2 ranks gives rank 0 three rows (checked by hand)
+    assert row_sizes(5, 2) == [3, 2]
+    assert row_sizes(33, 4) == [9, 8, 8, 8]
+    assert [row_range(33, 4, r) for r in range(4)] == [(0, 9), (9, 17), (17, 25), (25, 33)]
+
+
+def test_elements_on_the_wire_worked_by_hand():
+    s = DenseShape(n_in=4096, n_out=1024, batch=32)
+    # reduce-scatter + all-gather: 2 * 1/2 * 4096 * 1024 on 2 ranks
+    assert s.sharded_elements(2) == 4096 * 1024
+    # all-to-all of x: 1/2 * 32 * 4096; all-gather of dY: 1 * 32 * 1024; rows: 1/2 * 4096 * 1024
+    assert s.exchange_elements(2) == 16 * 4096 + 32 * 1024 + 2048 * 1024
+    assert DenseShape(4096, 1024, 32, calls=2).activation_elements(2) == \
+        2 * (16 * 4096 + 32 * 1024)
+    assert s.exchange_pays(2)
+    # a narrow classifier: the activations outweigh the kernel
+    assert not DenseShape(1024, 10, 32).exchange_pays(2)
+    # the activation term grows with P: 4096x4096 at 32/rank pays at 32 ranks, not at 128
+    assert DenseShape(4096, 4096, 32).exchange_pays(32)
+    assert not DenseShape(4096, 4096, 32).exchange_pays(128)
+
+
+def test_choice_by_mode():
+    pays, loses = DenseShape(4096, 1024, 32), DenseShape(1024, 10, 32)
+    assert choose_exchange(AUTO, 4096, pays, 2) and not choose_exchange(AUTO, 1024, loses, 2)
+    assert choose_exchange(ALWAYS, 1024, loses, 2) and choose_exchange(ALWAYS, 1024, None, 2)
+    assert not choose_exchange(AUTO, 4096, None, 2)  # batch unknown: not yet
+    assert not choose_exchange(NEVER, 4096, pays, 2)
+    assert not choose_exchange(ALWAYS, 3, DenseShape(3, 10, 32), 4)  # a rank would own no row
+    assert not choose_exchange(ALWAYS, 4096, pays, 1)
+    with pytest.raises(ValueError, match="exchange="):
+        choose_exchange("sometimes", 4096, pays, 2)
+
+
+def specs():
+    return [VarSpec(0, "c/kernel:0", (3, 3, 3, 8), "float32", "c"),
+            VarSpec(1, "c/bias:0", (8,), "float32", "c"),
+            VarSpec(2, "d/kernel:0", (785, 512), "float32", "d", exchangeable=True),
+            VarSpec(3, "d/bias:0", (512,), "float32", "d"),
+            VarSpec(4, "o/kernel:0", (512, 10), "float32", "o", exchangeable=True),
+            VarSpec(5, "o/bias:0", (10,), "float32", "o")]
+
+
+def test_kernels_get_row_buckets_and_biases_do_not_travel_alone():
+    plan = get_strategy("sharded").build_plan(specs(), PlanOptions(1 << 20, exchange=AUTO,
+                                                                   ranks=2))
+    rows = [b for b in plan.buckets if b.rows]
+    assert [b.variables[0].name for b in rows] == ["d/kernel:0", "o/kernel:0"]
+    others = [b for b in plan.buckets if not b.rows]
+    assert len(others) == 1 and {v.name for v in others[0].variables} == {
+        "c/kernel:0", "c/bias:0", "d/bias:0", "o/bias:0"}
+    assert [b.index for b in plan.buckets] == list(range(len(plan.buckets)))
+    assert all(b.phase == FORWARD for b in plan.buckets)
+    # never: the plan of sharded, unchanged
+    plain = get_strategy("sharded").build_plan(specs(), PlanOptions(1 << 20))
+    assert not any(b.rows for b in plain.buckets)
+    assert split_exchangeable(plain) != plain  # exchangeable kernels do get split when asked
+
+
+def test_label_exchange_per_layer_with_bytes():
+    plan = get_strategy("sharded").build_plan(specs(), PlanOptions(1 << 20, exchange=AUTO,
+                                                                   ranks=2))
+    assert not any(b.collective == EXCHANGE for b in plan.buckets)  # batch not known yet
+    labelled = label_exchange(plan, {2: DenseShape(785, 512, 32), 4: DenseShape(512, 10, 32)},
+                              AUTO, 2)
+    chosen = [b.variables[0].name for b in labelled.buckets if b.collective == EXCHANGE]
+    assert chosen == ["d/kernel:0"]
+    notes = [n for n in labelled.notes if n.startswith("exchange")]
+    assert len(notes) == 2 and "d/kernel:0 [785, 512] at 32/rank" in notes[0]
+    assert ": exchange (" in notes[0] and ": reduce-scatter (" in notes[1]
+    assert labelled.signature() != plan.signature()
+
+
+@pytest.mark.parametrize("ranks", [1, 2, 3, 4])
+def test_row_slices_join_back(ranks):
+    plan = get_strategy("sharded").build_plan(specs(), PlanOptions(1 << 20, exchange=ALWAYS,
+                                                                   ranks=ranks))
+    layout = partition(plan, ranks)
+    rng = np.random.default_rng(0)
+    arrays = {s.index: rng.normal(size=s.shape).astype("float32") for s in specs()}
+    for b in layout.buckets:
+        if not b.rows:
+            continue
+        n_in, n_out = b.segments[0].shape
+        pieces = [own_slice(b, arrays, r) for r in range(ranks)]
+        assert [p.size for p in pieces] == [n * n_out for n in row_sizes(n_in, ranks)]
+        assert b.padding == 0
+        whole = join_slices(b, np.concatenate(pieces))
+        np.testing.assert_array_equal(whole[b.segments[0].index], arrays[b.segments[0].index])
+
+
+def test_wire_bytes_from_a_timeline(tmp_path):
+    """Horovod logs each collective's output shape: an allreduce of 1000 floats sends 2 * 1/2 *
+    4000 B on 2 ranks, a reduce-scatter whose output is 500 floats sends 2000 B, an all-gather
+    whose output is 1000 floats sends 2000 B; over 1 + 1 + 1 steps."""
+    events = ['{"name": "process_name", "ph": "M", "pid": 0, "args": {"name": "x"}}']
+    for pid, (name, op, shape) in enumerate([("a", "ALLREDUCE", "[1000]"),
+                                             ("r", "REDUCESCATTER", "[500]"),
+                                             ("g", "ALLGATHER", "[10, 100]")], start=1):
+        events += [f'{{"name": "process_name", "ph": "M", "pid": {pid}, "args": {{"name": '
+                   f'"{name}"}}}}',
+                   f'{{"ph": "B", "name": "{op}", "ts": {pid * 10}, "pid": {pid}}}',
+                   f'{{"ph": "E", "ts": {pid * 10 + 5}, "pid": {pid}, "args": {{"dtype": '
+                   f'"float32", "shape": "{shape}"}}}}']
+    path = tmp_path / "t.json"
+    path.write_text("[\n" + ",\n".join(events) + "\n]")
+    got = wire_bytes_per_step(path, steps=1, ranks=2)
+    assert got == {"all": 8000 / 3, "ALLREDUCE": 4000 / 3, "REDUCESCATTER": 2000 / 3,
+                   "ALLGATHER": 2000 / 3}
+
+
+def test_bench_spelling_of_sharded_options():
+    assert plugin_options("sharded+exchange") == ("sharded", {"exchange": "auto"})
+    assert plugin_options("sharded_hybrid+exchange+alltoall") == (
+        "sharded_hybrid", {"exchange": "auto", "gather_with": "alltoall"})
+    assert plugin_options("layerwise") == ("layerwise", {})
+    with pytest.raises(ValueError, match="sharded strategies only"):
+        BenchConfig(strategies=("layerwise+exchange",)).validate()
+    BenchConfig(strategies=("stock", "sharded+exchange", "local")).validate()

@@ -52,9 +52,12 @@ def test_table_json_and_plot(tmp_path):
     s = report.summarize(RAW)
     rows = report.format_table(s).splitlines()
     assert rows[0].split()[:2] == ["strategy", "samples/s"]
-    # no timeline in RAW: wire time and hidden share are "-"
+    # no timeline in RAW: bytes sent, wire time and hidden share are "-"
     assert rows[2].split() == ["layerwise", "213.3", "600.0", "1.333x", "0.67", "24.4", "-", "-",
-                               "-"]
+                               "-", "-"]
+    sent = report.summarize({**RAW, "sent_bytes_per_step": {"layerwise": {"all": 3 * 2**20}}})
+    assert sent["layerwise"]["sent_bytes_per_rank"] == {"all": 3 * 2**20}
+    assert report.format_table(sent).splitlines()[2].split()[6] == "3.0"
     with_wire = report.summarize({**RAW, "wire_time_per_step_s": {"layerwise": 0.4}})
     # local 400 ms, layerwise 600 ms: 200 ms of the 400 ms on the wire exposed -> half hidden
     assert with_wire["layerwise"]["hidden"] == pytest.approx(0.5)

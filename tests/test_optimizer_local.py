@@ -9,7 +9,7 @@ from tensorflow.python.framework.func_graph import FuncGraph
 
 import hvd_overlap
 import hvd_overlap.keras as hvdo
-from hvd_overlap.comm.methods import Allreduce, CommSettings, ReduceScatterGather
+from hvd_overlap.comm.methods import Allreduce, CommSettings, ReduceScatterGather, SliceMethod
 
 hvd.init()
 
@@ -392,6 +392,20 @@ def test_register_bucket_method_checks_the_kind():
     opt = hvdo.DistributedOptimizer(tf.keras.optimizers.SGD(0.1), strategy="layerwise")
     with pytest.raises(TypeError, match="GradientMethod"):
         opt.register_bucket_method(ReduceScatterGather(_settings("y")))
+    # with the dense factor exchange, buckets may be cut by rows: only methods that send them
+    opt = hvdo.DistributedOptimizer(tf.keras.optimizers.SGD(0.1), strategy="sharded",
+                                    exchange="auto")
+
+    class OwnSlices(SliceMethod):  # a method of its own, which may not know bucket.rows
+        def scatter(self, bucket, grads):
+            raise NotImplementedError
+
+        def gather(self, bucket, piece):
+            raise NotImplementedError
+
+    with pytest.raises(ValueError, match="ReduceScatterGather"):
+        opt.register_bucket_method(OwnSlices(_settings("z")))
+    opt.register_bucket_method(RecordingSlices(_settings("ok")))
 
 
 # -- issue 13: what Keras and Horovod users combine -----------------------------------------

@@ -26,6 +26,7 @@ import math
 import sys
 import warnings
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import horovod.tensorflow as hvd
@@ -144,9 +145,8 @@ class AutoExecutor(Executor):
         plan = self.child().last_plan
         if plan is None:
             return None
-        note = (f"{self.label}: {self.current.describe()} -- {self.reason}")
-        return Plan(plan.strategy, plan.bucket_bytes, plan.buckets, plan.notes + (note,),
-                    plan.fused_by_horovod)
+        note = f"{self.label}: {self.current.describe()} -- {self.reason}"
+        return replace(plan, notes=plan.notes + (note,))
 
     @property
     def planner(self) -> Planner:  # type: ignore[override]

@@ -14,8 +14,9 @@ import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 
-from hvd_overlap.comm.methods import Grad
+from hvd_overlap.comm.methods import Grad, ReduceScatterGather
 from hvd_overlap.comm.schedule import chain, issue_forward
+from hvd_overlap.core.exchange import NEVER
 from hvd_overlap.core.plan import BACKWARD, FORWARD, Plan
 from hvd_overlap.core.sharding import BucketSlices, ShardLayout, partition
 from hvd_overlap.keras.exchange import DenseExchanges
@@ -31,6 +32,18 @@ class ShardedExecutor(NextStepExecutor):
         self.state = ShardedState(self.settings.name, self.opt, self.plain.cls)
         self.exchange = DenseExchanges(self.planner.options.exchange, self.settings,
                                        self.phase.installed)
+
+    def set_method(self, method: Any) -> None:
+        """With ``exchange``, some buckets are dense kernels cut by whole rows
+        (``BucketSlices.rows``, no padding): only a ``ReduceScatterGather`` (or a subclass)
+        is known to send them."""
+        if self.exchange.mode != NEVER and not isinstance(method, ReduceScatterGather):
+            raise ValueError(
+                f"with exchange={self.exchange.mode!r} some buckets are dense kernels cut by "
+                "whole rows (bucket.rows, no padding); a bucket method must send them: "
+                "subclass hvd_overlap.comm.methods.ReduceScatterGather, or pass "
+                "exchange='never'")
+        super().set_method(method)
 
     def attach_model(self, model: Any) -> None:
         """With ``exchange``: patch the model's dense layers the exchange can carry (before the

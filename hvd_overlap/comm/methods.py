@@ -147,23 +147,20 @@ class ReduceScatterGather(SliceMethod):
 
     def scatter(self, bucket: BucketSlices, grads: Sequence[Grad]) -> tf.Tensor:
         s = self.settings
-        pre, post = scale_factors(s.op, s.gradient_predivide_factor)
         if bucket.rows:  # a kernel cut by whole rows, as Horovod splits the first dimension
-            grad = tf.convert_to_tensor(grads[bucket.segments[0].index])
-            with tf.device(s.device_dense):
-                rows = reduce_scatter(grad, f"{s.name}.b{bucket.bucket}.rs", op=s.op,
-                                      compression=s.compression, prescale_factor=pre,
-                                      postscale_factor=post)
-            return tf.reshape(rows, [-1])
-        parts = [tf.reshape(tf.convert_to_tensor(grads[seg.index]), [-1])
-                 for seg in bucket.segments]
-        if bucket.padding:
-            parts.append(tf.zeros([bucket.padding], parts[0].dtype))
-        flat = parts[0] if len(parts) == 1 else tf.concat(parts, 0)
+            tensor = tf.convert_to_tensor(grads[bucket.segments[0].index])
+        else:
+            parts = [tf.reshape(tf.convert_to_tensor(grads[seg.index]), [-1])
+                     for seg in bucket.segments]
+            if bucket.padding:
+                parts.append(tf.zeros([bucket.padding], parts[0].dtype))
+            tensor = parts[0] if len(parts) == 1 else tf.concat(parts, 0)
+        pre, post = scale_factors(s.op, s.gradient_predivide_factor)
         with tf.device(s.device_dense):
-            return reduce_scatter(flat, f"{s.name}.b{bucket.bucket}.rs", op=s.op,
-                                  compression=s.compression, prescale_factor=pre,
-                                  postscale_factor=post)
+            piece = reduce_scatter(tensor, f"{s.name}.b{bucket.bucket}.rs", op=s.op,
+                                   compression=s.compression, prescale_factor=pre,
+                                   postscale_factor=post)
+        return tf.reshape(piece, [-1]) if bucket.rows else piece
 
     def gather(self, bucket: BucketSlices, piece: tf.Tensor) -> list[tf.Tensor]:
         if bucket.rows:  # whole rows, as many as each rank owns (uneven: no padding)

@@ -22,12 +22,12 @@ from dataclasses import dataclass, replace
 
 from hvd_overlap.core.plan import (
     EXCHANGE,
-    REDUCE_SCATTER,
     Bucket,
     Plan,
     VarSpec,
     fmt_bytes,
     itemsize,
+    sharded_collective,
 )
 
 NEVER, AUTO, ALWAYS = "never", "auto", "always"
@@ -127,7 +127,7 @@ def label_exchange(plan: Plan, shapes: Mapping[int, DenseShape], mode: str, rank
         if use:
             b = replace(b, collective=EXCHANGE)
         elif b.collective == EXCHANGE:
-            b = replace(b, collective=f"{REDUCE_SCATTER}+allgather")
+            b = replace(b, collective=sharded_collective("allgather"))
         buckets.append(b)
         if shape is None:
             how = "exchange" if use else "reduce-scatter until the batch is known (first step)"

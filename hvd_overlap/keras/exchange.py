@@ -72,11 +72,6 @@ class ExchangedDense:
         self._exchanged: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         layer.call = self.call  # Keras's __call__ calls self.call
 
-    def detach(self) -> None:
-        """Give the layer its own ``call`` back."""
-        if vars(self.layer).get("call") == self.call:
-            del self.layer.call
-
     @property
     def kernel(self) -> tf.Variable | None:
         return getattr(self.layer, "kernel", None)
@@ -142,7 +137,7 @@ class ExchangedDense:
         """This rank's rows of the global kernel gradient, zeros elsewhere (full shape)."""
         n_in = int(self.layer.kernel.shape[0])
         sizes = row_sizes(n_in, hvd.size())
-        start, stop = self.rows if self.rows else row_range(n_in, hvd.size(), hvd.rank())
+        start, stop = self.rows  # set by activate, before any trace takes this path
         batch = tf.shape(x)[0]
         # column block r of x goes to rank r; rank order in, rank order out
         send = tf.concat([tf.reshape(part, [-1]) for part in tf.split(x, sizes, axis=1)], 0)
@@ -215,10 +210,7 @@ class DenseExchanges:
         labelled = label_exchange(plan, shapes, self.mode, hvd.size())
         chosen = {v.index for b in labelled.buckets if b.collective == EXCHANGE
                   for v in b.variables}
-        for b in layout.buckets:
-            index = b.segments[0].index
-            if b.rows and index in chosen and index in found:
-                n_out = b.segments[0].shape[1]
-                start, stop = b.owned(hvd.rank())
-                found[index].activate((start // n_out, stop // n_out))
+        for index in chosen & found.keys():
+            n_in = int(variables[index].shape[0])
+            found[index].activate(row_range(n_in, hvd.size(), hvd.rank()))
         return labelled

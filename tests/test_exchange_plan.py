@@ -8,7 +8,10 @@ import pytest
 from hvd_overlap.core.exchange import (
     ALWAYS,
     AUTO,
+    GATHER,
+    LATENCY_ELEMENTS,
     NEVER,
+    ROWS,
     DenseShape,
     choose_exchange,
     label_exchange,
@@ -16,7 +19,7 @@ from hvd_overlap.core.exchange import (
     row_sizes,
     split_exchangeable,
 )
-from hvd_overlap.core.plan import EXCHANGE, FORWARD, VarSpec
+from hvd_overlap.core.plan import EXCHANGE, EXCHANGE_ROWS, FORWARD, VarSpec
 from hvd_overlap.core.sharding import join_slices, own_slice, partition
 from hvd_overlap.core.strategies import PlanOptions, get_strategy
 from hvd_overlap.tools.bench.config import BenchConfig, plugin_options
@@ -56,6 +59,28 @@ def test_choice_by_mode():
     assert not choose_exchange(ALWAYS, 4096, pays, 1)
     with pytest.raises(ValueError, match="exchange="):
         choose_exchange("sometimes", 4096, pays, 2)
+    with pytest.raises(ValueError, match="exchange_forward="):
+        choose_exchange(AUTO, 4096, pays, 2, "scatter")
+
+
+def test_rows_forward_elements_and_choice():
+    # the bench mlp's first layer, 3072 x 2048 at 64/rank on 2 ranks
+    s = DenseShape(3072, 2048, 64)
+    # x to the rows' owners and dx back: 2 * 1/2 * 64 * 3072; partial y back and dY: 2 * 64 * 2048
+    assert s.rows_elements(2) == 64 * 3072 + 2 * 64 * 2048
+    assert s.cost(EXCHANGE_ROWS, 2) == s.rows_elements(2) + 4 * LATENCY_ELEMENTS
+    assert choose_exchange(AUTO, 3072, s, 2) == EXCHANGE_ROWS
+    assert choose_exchange(AUTO, 3072, s, 2, GATHER) == EXCHANGE
+    assert choose_exchange(ALWAYS, 3072, s, 2, ROWS) == EXCHANGE_ROWS
+    assert choose_exchange(ALWAYS, 3072, None, 2) == EXCHANGE  # layout before the batch is known
+    # rows beat the gather exactly where the exchange beats reduce-scatter (both: batch *
+    # (n_in + P n_out) < n_in n_out), by the rows' all-gather; the activations grow with P
+    assert choose_exchange(AUTO, 3072, s, 32) == EXCHANGE_ROWS
+    assert choose_exchange(AUTO, 3072, s, 64) is None
+    # so only the four critical-path collectives' charge makes the gather win: small layers
+    small = DenseShape(144, 33, 16)
+    assert small.rows_elements(2) < small.exchange_elements(2)
+    assert choose_exchange(AUTO, 144, small, 2) == EXCHANGE
 
 
 def specs():
@@ -93,7 +118,7 @@ def test_label_exchange_per_layer_with_bytes():
     assert chosen == ["d/kernel:0"]
     notes = [n for n in labelled.notes if n.startswith("exchange")]
     assert len(notes) == 2 and "d/kernel:0 [785, 512] at 32/rank" in notes[0]
-    assert ": exchange (" in notes[0] and ": reduce-scatter (" in notes[1]
+    assert ": exchange+allgather (" in notes[0] and ": reduce-scatter (" in notes[1]
     assert labelled.signature() != plan.signature()
 
 

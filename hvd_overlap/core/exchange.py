@@ -12,7 +12,15 @@ For ``y = x W`` with ``W`` of ``n_in x n_out`` on ``ranks`` ranks, local batch `
   features for the whole global batch: ``(P-1)/P batch n_in`` sent), an all-gather of the
   output errors (``(P-1) batch n_out`` sent) -- once per call of the layer --, then one
   local GEMM gives the exact global gradient of the rank's own rows, and the updated rows are
-  all-gathered as ``sharded`` does (``(P-1)/P n_in n_out``).
+  all-gathered as ``sharded`` does (``(P-1)/P n_in n_out``);
+- the exchange with the forward on the rows (``exchange_forward="rows"``): the updated rows stay
+  on their rank and are never gathered while training. The forward sends the input's columns
+  to their rows' owners (the all-to-all above, its result kept for backprop), each rank
+  multiplies them by its rows, and the partial outputs go back to their batch's rank to be
+  summed (``(P-1) batch n_out``); backprop all-gathers the output errors as above and sends
+  each rank the input gradient of its own columns back (``(P-1)/P batch n_in``). Per call:
+  ``2 (P-1)/P batch n_in + 2 (P-1) batch n_out`` elements, nothing per weight -- but four
+  collectives on the step's critical path, each charged ``LATENCY_ELEMENTS`` when choosing.
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ from dataclasses import dataclass, replace
 
 from hvd_overlap.core.plan import (
     EXCHANGE,
+    EXCHANGE_ROWS,
     Bucket,
     Plan,
     VarSpec,
@@ -32,6 +41,14 @@ from hvd_overlap.core.plan import (
 
 NEVER, AUTO, ALWAYS = "never", "auto", "always"
 EXCHANGE_MODES = (NEVER, AUTO, ALWAYS)
+# exchange_forward: how an exchanged kernel's forward gets its weights
+GATHER, ROWS = "gather", "rows"
+FORWARD_MODES = (AUTO, GATHER, ROWS)
+#: collectives per call on the critical path with the forward on the rows
+ROWS_COLLECTIVES = 4
+#: what one such collective is charged when choosing, in elements (its start-up: ~2 ms at
+#: 1 Gbit/s, measured per collective here; small against a kernel's rows)
+LATENCY_ELEMENTS = 1 << 16
 
 
 def row_sizes(rows: int, ranks: int) -> list[int]:
@@ -73,20 +90,48 @@ class DenseShape:
         all-gather of the updated rows)."""
         return self.activation_elements(ranks) + (ranks - 1) / ranks * self.n_in * self.n_out
 
+    def rows_elements(self, ranks: int) -> float:
+        """Elements one rank sends per step with the forward on the rows: the activations
+        both ways in the forward and in backprop, no weights."""
+        per_call = 2 * (ranks - 1) / ranks * self.batch * self.n_in + 2 * (ranks - 1) \
+            * self.batch * self.n_out
+        return self.calls * per_call
+
     def exchange_pays(self, ranks: int) -> bool:
         """True if the exchange moves fewer elements than reduce-scatter plus all-gather."""
         return self.exchange_elements(ranks) < self.sharded_elements(ranks)
 
+    def cost(self, collective: str | None, ranks: int) -> float:
+        """What ``choose_exchange`` compares: elements sent per rank per step (None: the
+        kernel reduce-scattered), plus the start-up charge of the rows forward's
+        critical-path collectives."""
+        if collective is None:
+            return self.sharded_elements(ranks)
+        if collective == EXCHANGE:
+            return self.exchange_elements(ranks)
+        return self.rows_elements(ranks) + ROWS_COLLECTIVES * self.calls * LATENCY_ELEMENTS
 
-def choose_exchange(mode: str, n_in: int, shape: DenseShape | None, ranks: int) -> bool:
-    """Whether one eligible kernel of ``n_in`` rows uses the exchange: ``never``; ``always``
-    (if every rank owns a row); ``auto``: if it pays for ``shape`` (None: the batch is not
-    known yet, so not yet)."""
+
+def choose_exchange(mode: str, n_in: int, shape: DenseShape | None, ranks: int,
+                    forward: str = AUTO) -> str | None:
+    """How one eligible kernel of ``n_in`` rows travels: None (reduce-scatter), ``EXCHANGE``
+    or ``EXCHANGE_ROWS``. ``mode``: ``never``; ``always`` (if every rank owns a row); ``auto``:
+    the cheapest (``DenseShape.cost``) for ``shape`` (None: the batch is not known yet, so
+    reduce-scatter for now). ``forward`` (``exchange_forward``) limits the exchange to one
+    way: ``gather`` or ``rows``; ``auto`` allows both."""
     if mode not in EXCHANGE_MODES:
         raise ValueError(f"exchange={mode!r}: choose one of {', '.join(EXCHANGE_MODES)}")
+    if forward not in FORWARD_MODES:
+        raise ValueError(f"exchange_forward={forward!r}: choose one of "
+                         f"{', '.join(FORWARD_MODES)}")
     if mode == NEVER or ranks < 2 or n_in < ranks:
-        return False
-    return mode == ALWAYS or (shape is not None and shape.exchange_pays(ranks))
+        return None
+    ways = [w for w, f in ((EXCHANGE, GATHER), (EXCHANGE_ROWS, ROWS)) if forward in (AUTO, f)]
+    if shape is None:  # before the first step: the layout's choice, revised once it is known
+        return ways[0] if mode == ALWAYS else None
+    if mode == AUTO:
+        ways.insert(0, None)
+    return min(ways, key=lambda w: shape.cost(w, ranks))  # ties: the first, the simplest
 
 
 def split_exchangeable(plan: Plan) -> Plan:
@@ -112,10 +157,11 @@ def split_exchangeable(plan: Plan) -> Plan:
     return replace(plan, buckets=tuple(replace(b, index=i) for i, b in enumerate(out)))
 
 
-def label_exchange(plan: Plan, shapes: Mapping[int, DenseShape], mode: str, ranks: int) -> Plan:
+def label_exchange(plan: Plan, shapes: Mapping[int, DenseShape], mode: str, ranks: int,
+                   forward: str = AUTO) -> Plan:
     """The plan with each row-sliced kernel's choice made (``choose_exchange``, by variable
-    index in ``shapes``; a kernel without a shape keeps reduce-scatter) and one note per kernel:
-    its choice and the elements each way sends per rank per step."""
+    index in ``shapes``) and one note per kernel: its choice and the elements each way sends
+    per rank per step."""
     buckets, notes = [], [n for n in plan.notes if not n.startswith("exchange")]
     for b in plan.buckets:
         if not b.rows:
@@ -123,21 +169,22 @@ def label_exchange(plan: Plan, shapes: Mapping[int, DenseShape], mode: str, rank
             continue
         v = b.variables[0]
         shape = shapes.get(v.index)
-        use = choose_exchange(mode, v.shape[0], shape, ranks)
+        use = choose_exchange(mode, v.shape[0], shape, ranks, forward)
         if use:
-            b = replace(b, collective=EXCHANGE)
-        elif b.collective == EXCHANGE:
+            b = replace(b, collective=use)
+        elif b.collective in (EXCHANGE, EXCHANGE_ROWS):
             b = replace(b, collective=sharded_collective("allgather"))
         buckets.append(b)
         if shape is None:
-            how = "exchange" if use else "reduce-scatter until the batch is known (first step)"
+            how = use or "reduce-scatter until the batch is known (first step)"
             notes.append(f"exchange: {v.name} {list(v.shape)}: {how}")
             continue
         size = itemsize(v.dtype)
         notes.append(
             f"exchange: {v.name} {list(v.shape)} at {shape.batch}/rank x {shape.calls} call(s) "
-            f"on {ranks} ranks: {'exchange' if use else 'reduce-scatter'} "
-            f"(exchange {fmt_bytes(shape.exchange_elements(ranks) * size)}, reduce-scatter "
+            f"on {ranks} ranks: {use or 'reduce-scatter'} "
+            f"(exchange+allgather {fmt_bytes(shape.exchange_elements(ranks) * size)}, "
+            f"exchange+rows {fmt_bytes(shape.rows_elements(ranks) * size)}, reduce-scatter "
             f"{fmt_bytes(shape.sharded_elements(ranks) * size)} sent per rank per step)")
     return replace(plan, buckets=tuple(buckets), notes=tuple(notes))
 

@@ -36,6 +36,11 @@ GATHER_METHODS = ("allgather", "alltoall")
 # A dense kernel whose gradient rows are computed from exchanged factors (hvd_overlap.core.exchange)
 # and whose updated rows are then all-gathered.
 EXCHANGE = "exchange+allgather"
+# The same gradient, but the updated rows stay on their rank: the layer's forward (and its input
+# gradient) is computed from each rank's rows, with the activations exchanged instead; the whole
+# kernel is gathered only when the weights are read (a flush).
+EXCHANGE_ROWS = "exchange+rows"
+EXCHANGES = (EXCHANGE, EXCHANGE_ROWS)
 
 
 def sharded_collective(gather_with: str) -> str:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from hvd_overlap.core.exchange import NEVER, label_exchange, split_exchangeable
+from hvd_overlap.core.exchange import AUTO, NEVER, label_exchange, split_exchangeable
 from hvd_overlap.core.plan import (
     DEFAULT_BUCKET_BYTES,
     GATHER_METHODS,
@@ -34,6 +34,7 @@ class PlanOptions:
     defer: int | None = None        # hybrid/sharded: input-side buckets deferred (None: default)
     gather_with: str = "allgather"  # sharded: how the updated slices travel
     exchange: str = NEVER           # sharded: dense factor exchange (hvd_overlap.core.exchange)
+    exchange_forward: str = AUTO    # sharded: the exchanged kernels' forward (gather, rows)
     ranks: int = 1                  # sharded: the number of ranks (the exchange decision)
 
 
@@ -103,7 +104,7 @@ def _sharded_plan(name: str, defer: int, specs: Sequence[VarSpec], options: Plan
     if options.exchange == NEVER:
         return plan
     plan = split_exchangeable(plan)
-    return label_exchange(plan, {}, options.exchange, options.ranks)
+    return label_exchange(plan, {}, options.exchange, options.ranks, options.exchange_forward)
 
 
 def _sharded(specs: Sequence[VarSpec], options: PlanOptions) -> Plan:

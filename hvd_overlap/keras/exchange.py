@@ -9,6 +9,13 @@ the kernel holds those rows (averaged like Horovod's ``op``) and zeros elsewhere
 executor takes its rows from it and updates them, and the updated rows are all-gathered as any
 sharded bucket. The numbers (row split, bytes, when it pays) are ``hvd_overlap.core.exchange``.
 
+With the forward on the rows (``EXCHANGE_ROWS``) the updated rows are not gathered: the layer's
+forward sends the input's column blocks to their rows' owners (that all-to-all's result serves
+backprop too), multiplies them by this rank's rows, and sends each partial output back to its
+batch's rank, which sums them. Backprop all-gathers ``dY`` as above and sends each rank the
+input gradient of its own columns back. The executor writes the updated rows into the kernel
+(locally) and gathers the whole kernel only when the weights are read (a flush).
+
 Until ``activate`` (after the first step, when the batch is known and the plan decided) a
 patched layer computes as Keras does and only records its batch size. Only train steps (graphs
 that run the optimizer's pre-forward phase) take the patched path; anything else -- ``predict``,
@@ -24,8 +31,15 @@ from typing import Any
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
-from hvd_overlap.core.exchange import NEVER, DenseShape, label_exchange, row_range, row_sizes
-from hvd_overlap.core.plan import EXCHANGE, Plan
+from hvd_overlap.core.exchange import (
+    AUTO,
+    NEVER,
+    DenseShape,
+    label_exchange,
+    row_range,
+    row_sizes,
+)
+from hvd_overlap.core.plan import EXCHANGE_ROWS, EXCHANGES, Plan
 from hvd_overlap.core.sharding import ShardLayout
 from hvd_overlap.keras.state_scope import plugin_state
 
@@ -64,6 +78,7 @@ class ExchangedDense:
         self.average = average
         self.in_train_step = in_train_step  # the graph being built is a train step's
         self.active = False
+        self.keep = False  # the forward runs on this rank's rows (they are not gathered)
         self.rows: tuple[int, int] | None = None
         with plugin_state():
             self.batch = tf.Variable(0, dtype=tf.int64, trainable=False, name=f"{name}_batch")
@@ -76,10 +91,10 @@ class ExchangedDense:
     def kernel(self) -> tf.Variable | None:
         return getattr(self.layer, "kernel", None)
 
-    def activate(self, rows: tuple[int, int]) -> None:
+    def activate(self, rows: tuple[int, int], keep: bool = False) -> None:
         """From the next trace on, this rank owns kernel rows ``[start, stop)`` and the kernel
-        gradient comes from the exchange."""
-        self.rows, self.active = rows, True
+        gradient comes from the exchange; ``keep``: the forward too runs on the rows."""
+        self.rows, self.active, self.keep = rows, True, keep
 
     # -- what the executor asks, for the graph being built ---------------------------------
 
@@ -111,7 +126,12 @@ class ExchangedDense:
         use = self._count(self._exchanged, graph)
         if inputs.dtype.base_dtype != layer._compute_dtype_object.base_dtype:
             inputs = tf.cast(inputs, dtype=layer._compute_dtype_object)
-        outputs = self._matmul(inputs, tf.convert_to_tensor(layer.kernel), f"{self.name}.{use}")
+        kernel, name = tf.convert_to_tensor(layer.kernel), f"{self.name}.{use}"
+        if self.keep:
+            start, stop = self.rows
+            outputs = self._rows_matmul(inputs, kernel[start:stop], name)
+        else:
+            outputs = self._matmul(inputs, kernel, name)
         if layer.use_bias:
             outputs = tf.nn.bias_add(outputs, layer.bias)
         if layer.activation is not None:
@@ -133,22 +153,64 @@ class ExchangedDense:
             return tf.matmul(x, kernel), grad
         return matmul(x, kernel)
 
+    def _rows_matmul(self, x: tf.Tensor, mine: tf.Tensor, name: str) -> tf.Tensor:
+        """``x @ kernel`` from this rank's rows ``mine`` of the kernel (every rank's batch may
+        differ: the all-to-alls carry their sizes)."""
+        ranks = hvd.size()
+        sizes = row_sizes(int(self.layer.kernel.shape[0]), ranks)
+        n_mine, n_out = int(mine.shape[0]), int(mine.shape[1])
+
+        @tf.custom_gradient
+        def matmul(x, mine):
+            batch = tf.shape(x)[0]
+            x_mine, got = self._columns_to_owners(x, sizes, f"{name}.x")
+            batches = got // n_mine                                  # every rank's batch
+            partial = tf.matmul(x_mine, mine)                        # my rows' share, all batches
+            shares = self._to_batch_owners(partial, batches * n_out, f"{name}.y")
+            y = tf.reduce_sum(tf.reshape(shares, [ranks, batch, n_out]), 0)
+
+            def grad(dy):
+                dy_all = hvd.allgather(dy, name=f"{name}.dy", ignore_name_scope=True)
+                dx_mine = tf.matmul(dy_all, mine, transpose_b=True)  # my columns, all batches
+                back = self._to_batch_owners(dx_mine, batches * n_mine, f"{name}.dx")
+                parts = tf.split(back, [batch * s for s in sizes])    # from each rank: its columns
+                dx = tf.concat([tf.reshape(p, [batch, s]) for p, s in zip(parts, sizes,
+                                                                          strict=True)], 1)
+                return dx, self._rows_grad(x_mine, dy_all)
+            return y, grad
+        return matmul(x, mine)
+
+    @staticmethod
+    def _columns_to_owners(x: tf.Tensor, sizes: list[int], name: str) -> tuple[tf.Tensor, Any]:
+        """Column block r of ``x`` to rank r: this rank's columns for the global batch (rank
+        order), and the elements received from each rank."""
+        batch = tf.shape(x)[0]
+        send = tf.concat([tf.reshape(part, [-1]) for part in tf.split(x, sizes, axis=1)], 0)
+        received, got = hvd.alltoall(send, splits=tf.stack([batch * s for s in sizes]),
+                                     name=name, ignore_name_scope=True)
+        mine = sizes[hvd.rank()]
+        return tf.reshape(received, [-1, mine]), got
+
+    @staticmethod
+    def _to_batch_owners(rows: tf.Tensor, splits: tf.Tensor, name: str) -> tf.Tensor:
+        """Each rank's block of ``rows`` (global batch, rank order) sent back to it: what every
+        rank computed for this rank's batch, flat, in rank order."""
+        back, _ = hvd.alltoall(tf.reshape(rows, [-1]), splits=splits, name=name,
+                               ignore_name_scope=True)
+        return back
+
+    def _rows_grad(self, x_mine: tf.Tensor, dy_all: tf.Tensor) -> tf.Tensor:
+        """This rank's rows of the global kernel gradient (averaged like Horovod's ``op``)."""
+        rows = tf.matmul(x_mine, dy_all, transpose_a=True)
+        return rows / tf.cast(hvd.size(), rows.dtype) if self.average else rows
+
     def _kernel_grad(self, x: tf.Tensor, dy: tf.Tensor, name: str) -> tf.Tensor:
         """This rank's rows of the global kernel gradient, zeros elsewhere (full shape)."""
         n_in = int(self.layer.kernel.shape[0])
-        sizes = row_sizes(n_in, hvd.size())
         start, stop = self.rows  # set by activate, before any trace takes this path
-        batch = tf.shape(x)[0]
-        # column block r of x goes to rank r; rank order in, rank order out
-        send = tf.concat([tf.reshape(part, [-1]) for part in tf.split(x, sizes, axis=1)], 0)
-        received, _ = hvd.alltoall(send, splits=tf.stack([batch * s for s in sizes]),
-                                   name=f"{name}.x", ignore_name_scope=True)
-        x_mine = tf.reshape(received, [-1, stop - start])          # global batch x my columns
+        x_mine, _ = self._columns_to_owners(x, row_sizes(n_in, hvd.size()), f"{name}.x")
         dy_all = hvd.allgather(dy, name=f"{name}.dy", ignore_name_scope=True)  # rank order
-        rows = tf.matmul(x_mine, dy_all, transpose_a=True)
-        if self.average:
-            rows = rows / tf.cast(hvd.size(), rows.dtype)
-        return tf.pad(rows, [[start, n_in - stop], [0, 0]])
+        return tf.pad(self._rows_grad(x_mine, dy_all), [[start, n_in - stop], [0, 0]])
 
 
 def _count_in(table: weakref.WeakKeyDictionary) -> int:
@@ -165,8 +227,10 @@ class DenseExchanges:
     """A sharded executor's patched layers and the decision which kernels the exchange
     carries (``exchange``: ``never``, ``auto`` or ``always``)."""
 
-    def __init__(self, mode: str, settings: Any, in_train_step: Callable[[], bool]):
+    def __init__(self, mode: str, settings: Any, in_train_step: Callable[[], bool],
+                 forward: str = AUTO):
         self.mode = mode
+        self.forward = forward
         self.settings = settings
         self.in_train_step = in_train_step
         self.layers: list[ExchangedDense] = []
@@ -184,6 +248,12 @@ class DenseExchanges:
     def kernel_refs(self) -> frozenset:
         """Refs of the patched layers' kernels (built ones)."""
         return frozenset(x.kernel.ref() for x in self.layers if x.kernel is not None)
+
+    def kept(self, variables: list[tf.Variable]) -> set[int]:
+        """Positions in ``variables`` of the kernels whose forward runs on the rows (active;
+        whether the graph being built used them so is ``carried``)."""
+        refs = {x.kernel.ref() for x in self.layers if x.active and x.keep}
+        return {i for i, v in enumerate(variables) if v.ref() in refs}
 
     def carried(self, variables: list[tf.Variable]) -> set[int]:
         """Positions in ``variables`` of the kernels whose gradient the graph being built
@@ -207,10 +277,11 @@ class DenseExchanges:
         shapes = {i: DenseShape(*variables[i].shape.as_list(), batch=int(b),
                                 calls=max(found[i].calls, 1))
                   for i, b in zip(order, batch, strict=True) if b > 0}
-        labelled = label_exchange(plan, shapes, self.mode, hvd.size())
-        chosen = {v.index for b in labelled.buckets if b.collective == EXCHANGE
+        labelled = label_exchange(plan, shapes, self.mode, hvd.size(), self.forward)
+        chosen = {v.index: b.collective for b in labelled.buckets if b.collective in EXCHANGES
                   for v in b.variables}
-        for index in chosen & found.keys():
+        for index in chosen.keys() & found.keys():
             n_in = int(variables[index].shape[0])
-            found[index].activate(row_range(n_in, hvd.size(), hvd.rank()))
+            found[index].activate(row_range(n_in, hvd.size(), hvd.rank()),
+                                  keep=chosen[index] == EXCHANGE_ROWS)
         return labelled

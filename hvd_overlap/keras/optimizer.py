@@ -249,6 +249,7 @@ def DistributedOptimizer(  # noqa: N802 -- same name as Horovod's factory
     scale_local_gradients: bool = True,
     gather_with: str = "allgather",
     exchange: str = "never",
+    exchange_forward: str = "auto",
 ):
     """Wrap a Keras optimizer so its gradients are averaged across ranks by ``strategy``.
 
@@ -271,6 +272,11 @@ def DistributedOptimizer(  # noqa: N802 -- same name as Horovod's factory
     ``"never"`` (default), ``"auto"`` (per layer, where it moves fewer bytes, decided after
     the first step from its batch) or ``"always"``; needs the model (``OverlapCallback``,
     ``make_train_step(step_fn, model)`` or ``opt.attach_model(model)``).
+    ``exchange_forward`` (with ``exchange``): how an exchanged kernel's forward gets its
+    weights: ``"gather"`` (its updated rows are all-gathered, as any sharded bucket), ``"rows"``
+    (they stay on their rank: the forward multiplies each rank's rows by exchanged inputs, and
+    the whole kernel is gathered only when the weights are read -- ``flush``) or ``"auto"``
+    (default: per layer, the one that moves fewer bytes).
     """
     options = {k: v for k, v in locals().items() if k != "optimizer"}
     tuned = AUTO in (strategy, bucket_bytes, defer)
@@ -283,7 +289,7 @@ def DistributedOptimizer(  # noqa: N802 -- same name as Horovod's factory
              num_groups, groups, process_set, gather_with)
     if strat.shards:
         validate_sharding(optimizer)
-    validate_exchange(exchange, strat.shards, strategy, compression)
+    validate_exchange(exchange, strat.shards, strategy, compression, exchange_forward)
     if strat.defers:
         validate_deferring(optimizer, strategy, backward_passes_per_step,
                            None if defer == AUTO else defer, per_bucket=not strat.shards)
@@ -309,7 +315,8 @@ def DistributedOptimizer(  # noqa: N802 -- same name as Horovod's factory
         sets = settings if not tuned else replace(
             settings, name=f"{prefix}.{c.strategy}.{c.bucket_bytes}.{c.defer}")
         planner = Planner(st, PlanOptions(c.bucket_bytes or DEFAULT_BUCKET_BYTES, c.defer,
-                                          gather_with, exchange, hvd.size()), sparse_as_dense)
+                                          gather_with, exchange, exchange_forward, hvd.size()),
+                          sparse_as_dense)
         method = default_method(sets, fused_by_horovod=c.strategy == "horovod", shards=st.shards)
         return make_executor(st, wrapped, plain, planner, method, sets,
                              backward_passes_per_step, average_aggregated_gradients)

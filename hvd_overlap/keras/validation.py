@@ -145,12 +145,16 @@ def validate_auto(optimizer, strategy, bucket_bytes, defer, backward_passes_per_
     del optimizer  # every optimizer: auto leaves deferring plans out where they cannot be exact
 
 
-def validate_exchange(exchange, shards: bool, strategy: str, compression) -> None:
+def validate_exchange(exchange, shards: bool, strategy: str, compression,
+                      forward: str = "auto") -> None:
     """The dense factor exchange: a sharded strategy's option, without gradient compression."""
-    from hvd_overlap.core.exchange import EXCHANGE_MODES, NEVER
+    from hvd_overlap.core.exchange import EXCHANGE_MODES, FORWARD_MODES, NEVER
 
     if exchange not in EXCHANGE_MODES:
         raise ValueError(f"exchange={exchange!r}: choose one of {', '.join(EXCHANGE_MODES)}")
+    if forward not in FORWARD_MODES:
+        raise ValueError(f"exchange_forward={forward!r}: choose one of "
+                         f"{', '.join(FORWARD_MODES)}")
     if exchange == NEVER:
         return
     if not shards:

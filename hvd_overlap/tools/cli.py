@@ -21,12 +21,15 @@ def main() -> None:
 @click.option("--bucket-bytes", type=int, default=DEFAULT_BUCKET_BYTES, show_default=True)
 @click.option("--exchange", type=click.Choice(["never", "auto", "always"]), default="never",
               show_default=True, help="sharded: the dense factor exchange")
+@click.option("--exchange-forward", type=click.Choice(["auto", "gather", "rows"]),
+              default="auto", show_default=True,
+              help="with --exchange: the exchanged kernels' forward")
 @click.option("--np", "ranks", type=int, default=2, show_default=True,
               help="ranks (the exchange's choice)")
 @click.option("--batch-size", type=int, default=32, show_default=True,
               help="per rank (the exchange's choice; each dense layer taken as called once)")
-def plan(model_file: str, strategy: str, bucket_bytes: int, exchange: str, ranks: int,
-         batch_size: int) -> None:
+def plan(model_file: str, strategy: str, bucket_bytes: int, exchange: str,
+         exchange_forward: str, ranks: int, batch_size: int) -> None:
     """Print the communication plan of a saved Keras model (.keras or .h5)."""
     import tensorflow as tf
 
@@ -45,10 +48,12 @@ def plan(model_file: str, strategy: str, bucket_bytes: int, exchange: str, ranks
         kernels = frozenset(layer.kernel.ref() for layer in exchangeable_layers(model))
     specs = var_specs(model.trainable_variables, exchangeable=kernels)
     built = get_strategy(strategy).build_plan(
-        specs, PlanOptions(bucket_bytes, exchange=exchange, ranks=ranks))
+        specs, PlanOptions(bucket_bytes, exchange=exchange, exchange_forward=exchange_forward,
+                           ranks=ranks))
     if exchange != NEVER:
         built = label_exchange(built, {s.index: DenseShape(*s.shape, batch=batch_size)
-                                       for s in specs if s.exchangeable}, exchange, ranks)
+                                       for s in specs if s.exchangeable}, exchange, ranks,
+                               exchange_forward)
     click.echo(built.describe())
 
 

@@ -49,7 +49,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from hvd_overlap.core.exchange import AUTO, NEVER, DenseShape, label_exchange
+from hvd_overlap.core.exchange import AUTO, GATHER, NEVER, DenseShape, label_exchange
 from hvd_overlap.core.plan import (
     ALLREDUCE,
     BACKWARD,
@@ -347,7 +347,7 @@ def plan_of(profile: Profile, strategy: str, bucket_bytes: int = DEFAULT_BUCKET_
         specs, PlanOptions(bucket_bytes, defer, exchange=exchange, ranks=ranks))
     if exchange == NEVER:
         return plan
-    return label_exchange(plan, _dense_shapes(profile, specs), exchange, ranks)
+    return label_exchange(plan, _dense_shapes(profile, specs), exchange, ranks, GATHER)
 
 
 def buckets_of(profile: Profile, bucket_bytes: int = DEFAULT_BUCKET_BYTES,

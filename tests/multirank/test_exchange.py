@@ -9,13 +9,15 @@ import pytest
 import tensorflow as tf
 
 import hvd_overlap.keras as hvdo
-from hvd_overlap.core.plan import EXCHANGE
+from hvd_overlap.core.exchange import row_range
+from hvd_overlap.core.plan import EXCHANGE_ROWS, EXCHANGES
 from tests.multirank.helpers import (
     BATCH,
     LOSS,
     MODELS,
     OPTIMIZERS,
     ModelCheckpointInTmp,
+    Result,
     assert_weights_close,
     max_abs_diff,
     ours,
@@ -31,7 +33,13 @@ from tests.multirank.test_keras_usage import _fit_mixed
 
 def _exchanged(opt) -> list[str]:
     """Names of the kernels the plan carries by the exchange."""
-    return [v.name for b in opt.plan.buckets if b.collective == EXCHANGE for v in b.variables]
+    return [v.name for b in opt.plan.buckets if b.collective in EXCHANGES for v in b.variables]
+
+
+def _kept(opt) -> list[str]:
+    """Names of the kernels whose forward runs on the rows."""
+    return [v.name for b in opt.plan.buckets if b.collective == EXCHANGE_ROWS
+            for v in b.variables]
 
 
 class _Keep(tf.keras.callbacks.Callback):
@@ -43,16 +51,20 @@ class _Keep(tf.keras.callbacks.Callback):
         _Keep.opt = self.model.optimizer
 
 
+@pytest.mark.parametrize("forward", ["gather", "rows"])
 @pytest.mark.parametrize("opt_name", ["sgd_momentum", "adam", "rmsprop"])
-def test_fit_matches_stock(opt_name):
+def test_fit_matches_stock(opt_name, forward):
     """Every trainable dense kernel by the exchange (exchange='always'), rows even and odd,
-    with and without bias and activation, a frozen layer beside them."""
+    with and without bias and activation, a frozen layer beside them; their updated rows
+    gathered, or kept where they are (the forward on the rows; validation between epochs)."""
     keep = _Keep()
-    got = train_fit("dense_mix", opt_name, ours("sharded", exchange="always"),
+    got = train_fit("dense_mix", opt_name,
+                    ours("sharded", exchange="always", exchange_forward=forward),
                     callbacks=[keep], validation=True)
     assert_weights_close(got, stock_reference("dense_mix", opt_name))
     assert same_on_all_ranks(got)
     assert sorted(n.split("/")[0] for n in _exchanged(keep.opt)) == ["logits", "nobias", "wide"]
+    assert len(_kept(keep.opt)) == (3 if forward == "rows" else 0)
     # ...and the test can fail: a run that skips the exchange's last update ends elsewhere
     assert max_abs_diff(got, stock_reference("dense_mix", "sgd")) > 1e-4
 
@@ -72,14 +84,16 @@ def test_auto_decides_per_layer_and_matches_stock():
     assert_weights_close(got, stock_reference("dense_mix", "adam"))
     assert [n.split("/")[0] for n in _exchanged(keep.opt)] == ["wide"]
     notes = "\n".join(keep.opt.plan.notes)
-    assert "wide/kernel:0 [144, 33] at 16/rank" in notes and ": exchange (" in notes
+    assert "wide/kernel:0 [144, 33] at 16/rank" in notes and ": exchange+allgather (" in notes
     assert "nobias/kernel:0 [33, 17] at 16/rank" in notes
 
 
-def test_shared_layer_and_sharded_hybrid_match_stock():
+@pytest.mark.parametrize("forward", ["gather", "rows"])
+def test_shared_layer_and_sharded_hybrid_match_stock(forward):
     """One Dense layer called on two inputs: two exchanges per step, their rows summed."""
     got = train_fit("shared_layer", "sgd_momentum",
-                    ours("sharded_hybrid", exchange="always", bucket_bytes=2048))
+                    ours("sharded_hybrid", exchange="always", bucket_bytes=2048,
+                         exchange_forward=forward))
     assert_weights_close(got, stock_reference("shared_layer", "sgd_momentum"))
 
 
@@ -90,11 +104,108 @@ def test_rows_gathered_by_alltoall_match_stock():
     assert_weights_close(got, stock_reference("dense_mix", "adam"))
 
 
-@pytest.mark.parametrize("opt_name", ["sgd_momentum", "adam"])
-def test_custom_loop_matches_distributed_tape(opt_name):
+@pytest.mark.parametrize("opt_name, forward", [("sgd_momentum", "gather"), ("adam", "gather"),
+                                               ("adam", "rows")])
+def test_custom_loop_matches_distributed_tape(opt_name, forward):
     ref = train_loop("dense_mix", opt_name, lambda o: o, tape_wrap=hvd_tf.DistributedGradientTape)
-    got = train_loop("dense_mix", opt_name, ours("sharded", exchange="always"))
+    got = train_loop("dense_mix", opt_name, ours("sharded", exchange="always",
+                                                 exchange_forward=forward))
     assert_weights_close(got, ref)
+
+
+def test_rows_stay_on_their_rank_until_flush():
+    """With the forward on the rows, training steps never gather a kernel: after steps in a
+    custom loop each rank's own rows equal stock Horovod's, the other rows are stale (as the
+    first step, before the decision, left them), and ``flush`` brings in the whole kernel."""
+    tf.keras.utils.set_random_seed(5)
+    model = MODELS["dense_mix"]()
+    opt = hvdo.DistributedOptimizer(OPTIMIZERS["adam"](), strategy="sharded",
+                                    exchange="always", exchange_forward="rows")
+    tf.keras.utils.set_random_seed(5)
+    ref_model = MODELS["dense_mix"]()
+    ref_opt = hvd.DistributedOptimizer(OPTIMIZERS["adam"]())
+    x, y = rank_data("dense_mix", BATCH * 6)
+
+    def step_for(m, o):
+        def step(xb, yb):
+            with tf.GradientTape() as tape:
+                loss = LOSS(yb, m(xb, training=True))
+            o.minimize(loss, m.trainable_variables, tape=tape)
+        return step
+
+    run = opt.make_train_step(step_for(model, opt), model)
+    ref_run = tf.function(step_for(ref_model, ref_opt))
+    for i in range(6):
+        run(x[i * BATCH:(i + 1) * BATCH], y[i * BATCH:(i + 1) * BATCH])
+        ref_run(x[i * BATCH:(i + 1) * BATCH], y[i * BATCH:(i + 1) * BATCH])
+        if i == 0:  # the decision is taken after the first step, with every update landed
+            first = model.get_layer("wide").kernel.numpy()
+            np.testing.assert_allclose(first, ref_model.get_layer("wide").kernel.numpy(),
+                                       rtol=1e-5, atol=1e-6)
+    assert sorted(n.split("/")[0] for n in _kept(opt)) == ["logits", "nobias", "wide"]
+    assert opt.pending
+    start, stop = row_range(144, hvd.size(), hvd.rank())
+    got, want = model.get_layer("wide").kernel.numpy(), ref_model.get_layer("wide").kernel.numpy()
+    np.testing.assert_allclose(got[start:stop], want[start:stop], rtol=1e-5, atol=1e-6)
+    others = np.ones(144, bool)
+    others[start:stop] = False
+    np.testing.assert_array_equal(got[others], first[others])
+    assert np.abs(want[others] - first[others]).max() > 1e-4  # (stock's did move)
+    opt.flush()
+    assert not opt.pending
+    assert_weights_close(Result(model), Result(ref_model))
+
+
+class _RecordEvery(tf.keras.callbacks.Callback):
+    """Reads the weights every ``n`` batches (as ModelCheckpoint(save_freq=n) saves them)."""
+
+    def __init__(self, n: int):
+        super().__init__()
+        self.n, self.seen = n, []
+
+    def on_train_batch_end(self, batch, logs=None):
+        if (batch + 1) % self.n == 0:
+            self.seen.append([w.copy() for w in self.model.get_weights()])
+
+
+def _fit_recording(wrap, callbacks=()):
+    tf.keras.utils.set_random_seed(3)
+    model = MODELS["dense_mix"]()
+    model.compile(wrap(OPTIMIZERS["sgd_momentum"]()), LOSS)
+    x, y = rank_data("dense_mix", BATCH * 12)
+    record = _RecordEvery(5)
+    model.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0,
+              callbacks=[record, *callbacks])  # the recorder first: before the flush
+    return record.seen, model.predict(x[:BATCH], verbose=0)
+
+
+def test_rows_forward_weights_read_mid_epoch_and_predict_are_current():
+    """A landing step (``OverlapCallback(flush_every=N)``) gathers the kept kernels at its end,
+    so a callback reading weights there sees stock's; ``predict`` after fit too."""
+    want, want_pred = _fit_recording(stock)
+    got, pred = _fit_recording(ours("sharded", exchange="always", exchange_forward="rows"),
+                               [hvdo.OverlapCallback(flush_every=5)])
+    assert len(got) == len(want) == 4
+    for step_want, step_got in zip(want, got, strict=True):
+        for a, b in zip(step_want, step_got, strict=True):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(pred, want_pred, rtol=1e-5, atol=1e-6)
+
+
+def test_rows_forward_with_different_batches_per_rank_matches_stock():
+    """The all-to-alls carry each rank's batch: rank 0 trains on 16 rows, rank 1 on 12."""
+    def run(wrap):
+        tf.keras.utils.set_random_seed(3)
+        model = MODELS["dense_mix"]()
+        model.compile(wrap(OPTIMIZERS["adam"]()), LOSS)
+        batch = 16 if hvd.rank() == 0 else 12
+        x, y = rank_data("dense_mix", batch * 6)
+        model.fit(x, y, batch_size=batch, epochs=2, shuffle=False, verbose=0,
+                  callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0),
+                             hvdo.OverlapCallback()])
+        return Result(model)
+    assert_weights_close(run(ours("sharded", exchange="always", exchange_forward="rows")),
+                         run(stock))
 
 
 def test_local_kernel_gradient_is_not_computed():
@@ -140,7 +251,7 @@ def test_gathered_state_equals_stock_slots():
 def test_checkpoint_resume_equals_uninterrupted_run():
     """A checkpoint at the end of epoch 2 (rows gathered into whole arrays) resumes to the
     weights of 4 uninterrupted epochs."""
-    wrap = ours("sharded", exchange="always")
+    wrap = ours("sharded", exchange="always", exchange_forward="rows")
     whole = train_fit("dense_mix", "adam", wrap, epochs=4)
     ckpt = ModelCheckpointInTmp()
     train_fit("dense_mix", "adam", wrap, epochs=2, callbacks=[ckpt.callback])
@@ -182,6 +293,8 @@ def test_layer_called_on_2d_and_3d_inputs_is_refused_on_every_rank():
 @pytest.mark.parametrize("kw, match", [
     ({"strategy": "layerwise", "exchange": "always"}, "sharded"),
     ({"strategy": "sharded", "exchange": "sometimes"}, "exchange="),
+    ({"strategy": "sharded", "exchange": "auto", "exchange_forward": "scatter"},
+     "exchange_forward="),
     ({"strategy": "sharded", "exchange": "auto", "compression": hvd.Compression.fp16},
      "compression"),
 ])

@@ -32,9 +32,14 @@ class ForwardPhase:
         self._flush_fn: Callable[[], object] | None = None
         self._graphs: weakref.WeakSet = weakref.WeakSet()
 
-    def mark(self) -> None:
-        """Record that the graph being built (or eager) runs the pre-forward phase."""
-        self._graphs.add(tf.compat.v1.get_default_graph())
+    def mark(self) -> bool:
+        """Record that the graph being built (or eager) runs the pre-forward phase. True if
+        that graph (a ``tf.function``'s) had run it already: its second call, at the step's
+        end (a landing step)."""
+        graph = tf.compat.v1.get_default_graph()
+        again = tf.inside_function() and graph in self._graphs
+        self._graphs.add(graph)
+        return again
 
     def installed(self) -> bool:
         """True if the graph being built, or one it is nested in (a ``tf.cond`` branch, as the
@@ -95,6 +100,10 @@ class ForwardPhase:
         """True once after ``create``: the train function must be traced again."""
         asked, self._retrace = self._retrace, False
         return asked
+
+    def forget_flush(self) -> None:
+        """Trace the flush function again at its next use (what it gathers changed)."""
+        self._flush_fn = None
 
     def flush(self, pre_forward: Callable[[], None]) -> None:
         """Run the pre-forward phase now if something is pending, as a graph (the same kernels

@@ -1,6 +1,9 @@
 """``sharded`` and ``sharded_hybrid``: reduce-scatter during backprop, update this rank's slice
 of every bucket, all-gather the updated slices -- right after the update for the plan's
 backward-phase buckets, at the start of the next step (forward order) for its forward-phase ones.
+A dense kernel whose forward runs on the rows (``exchange_forward="rows"``) is not gathered in
+train steps: each rank writes its updated rows into it, and the whole kernel is gathered when the
+weights are read (``flush``, or the end of a landing step).
 
 The slices, their optimizer slots and the checkpoint layout are ``ShardedState``
 (``hvd_overlap.keras.sharded_state``); the partition is ``hvd_overlap.core.sharding``.
@@ -16,7 +19,7 @@ import tensorflow as tf
 
 from hvd_overlap.comm.methods import Grad, ReduceScatterGather
 from hvd_overlap.comm.schedule import chain, issue_forward
-from hvd_overlap.core.exchange import NEVER
+from hvd_overlap.core.exchange import NEVER, row_range
 from hvd_overlap.core.plan import BACKWARD, FORWARD, Plan
 from hvd_overlap.core.sharding import BucketSlices, ShardLayout, partition
 from hvd_overlap.keras.exchange import DenseExchanges
@@ -30,8 +33,9 @@ class ShardedExecutor(NextStepExecutor):
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.state = ShardedState(self.settings.name, self.opt, self.plain.cls)
-        self.exchange = DenseExchanges(self.planner.options.exchange, self.settings,
-                                       self.phase.installed)
+        options = self.planner.options
+        self.exchange = DenseExchanges(options.exchange, self.settings, self.phase.installed,
+                                       options.exchange_forward)
 
     def set_method(self, method: Any) -> None:
         """With ``exchange``, some buckets are dense kernels cut by whole rows
@@ -76,6 +80,8 @@ class ShardedExecutor(NextStepExecutor):
             grads = [g if g is None else tf.convert_to_tensor(g) for g in grads]
         pairs = []
         carried = self.exchange.carried(st.variables)  # kernels whose rows came global
+        kept = self.exchange.kept(st.variables)  # kernels whose forward runs on the rows
+        rows_here = [b for b in st.layout.buckets if b.segments[0].index in kept & carried]
         for b in st.layout.buckets:
             with tf.control_dependencies(checks):
                 if reduced or b.segments[0].index in carried:
@@ -85,15 +91,33 @@ class ShardedExecutor(NextStepExecutor):
             st.params[b.bucket].assign(st.slice_of(b, variables))  # current weights, exactly
             pairs.append((piece, st.params[b.bucket]))
         self.apply_part(pairs, count=True)
-        for b in st.layout.buckets:
-            if b.phase == BACKWARD:
+        for b in rows_here:
+            self._keep_rows(b)
+        for b in st.layout.buckets:  # (a kept kernel this graph did not use: gathered now)
+            if b not in rows_here and (b.phase == BACKWARD or b.segments[0].index in kept):
                 self._gather(b)
-        forward = [lambda b=b: self._gather(b) for b in st.layout.buckets if b.phase == FORWARD]
+        forward = [lambda b=b: self._gather(b) for b in self._deferred(landing=False)]
         if first or not defer:  # no pre-forward phase: every bucket now, in forward order
             chain(forward)
-        elif forward:
+        elif forward or rows_here:
             self.phase.pending.assign(True)
         return self.opt.iterations
+
+    def _deferred(self, landing: bool) -> list[BucketSlices]:
+        """The buckets a pre-forward phase gathers, in forward order: the forward-phase ones
+        except kernels whose forward runs on the rows -- those too when ``landing`` (the
+        weights are about to be read)."""
+        kept = self.exchange.kept(self.state.variables)
+        return [b for b in self.state.layout.buckets if (b.phase == FORWARD and not landing
+                and b.segments[0].index not in kept) or (landing and (
+                    b.phase == FORWARD or b.segments[0].index in kept))]
+
+    def _keep_rows(self, bucket: BucketSlices) -> None:
+        """Write this rank's updated rows of a kernel into it (no collective)."""
+        seg = bucket.segments[0]
+        var = self.state.variables[seg.index]
+        start, stop = row_range(int(var.shape[0]), hvd.size(), hvd.rank())
+        var[start:stop].assign(tf.reshape(self.state.params[bucket.bucket], [stop - start, -1]))
 
     def _gather(self, bucket: BucketSlices) -> tf.Tensor:
         """All-gather one bucket's updated slices into the model's variables."""
@@ -117,18 +141,28 @@ class ShardedExecutor(NextStepExecutor):
         carries from the batch seen (agreed across ranks) and activate them, then retrace."""
         asked = self.phase.take_retrace()
         if asked and self.plan is not None and self.exchange.layers:
+            # what the first steps left pending lands first: a kernel whose forward is about
+            # to run on the rows takes its rows from the kernel as it is
+            self.flush()
             plan = self.exchange.decide(self.plan, self.state.variables, self.state.layout)
             self.planner.replace_plan(self.plan, plan)
             self.plan = plan
+            self.phase.forget_flush()  # a flush traced before must now gather kept kernels
         return asked
 
     def pre_forward(self) -> None:
-        self.phase.mark()
+        """The deferred gathers, at the start of a train step; called again at its end (a
+        landing step: ``OverlapCallback``'s checkpoint points), every gather left."""
+        self._issue_gathers(landing=self.phase.mark())
+
+    def _issue_gathers(self, landing: bool) -> None:
         if self.plan is None:
             return
-        issue_forward([lambda b=b: self._gather(b)
-                       for b in self.state.layout.buckets if b.phase == FORWARD],
+        issue_forward([lambda b=b: self._gather(b) for b in self._deferred(landing)],
                       self.phase.pending)
+
+    def flush(self) -> None:
+        self.phase.flush(lambda: self._issue_gathers(landing=True))
 
 
     def gather_state(self) -> None:

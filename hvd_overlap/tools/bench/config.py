@@ -18,7 +18,8 @@ MODEL_NAMES = ("vgg", "resnet20", "mlp", "cnn")
 AUTO = "auto"
 #: Options a sharded strategy's name can carry in ``--strategies``: ``sharded+exchange`` is
 #: ``strategy="sharded", exchange="auto"``; ``+alltoall``: ``gather_with="alltoall"``.
-SHARDED_OPTIONS = {"exchange": {"exchange": "auto"}, "alltoall": {"gather_with": "alltoall"}}
+SHARDED_OPTIONS = {"exchange": {"exchange": "auto"}, "alltoall": {"gather_with": "alltoall"},
+                   "gather": {"exchange_forward": "gather"}, "rows": {"exchange_forward": "rows"}}
 
 
 def plugin_options(name: str) -> tuple[str, dict[str, str]]:

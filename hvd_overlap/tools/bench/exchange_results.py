@@ -31,7 +31,11 @@ def markdown(runs: list[dict[str, Any]]) -> str:
              "Regenerate with `scripts/exchange-bench` (2 ranks, each pinned to its own core; "
              "`stock` is real `hvd.DistributedOptimizer` in processes that never imported the "
              "plugin; `local` the compute-only bound; `+exchange`: `exchange=\"auto\"`, "
-             "`+alltoall`: `gather_with=\"alltoall\"`).", "",
+             "`+gather`: `exchange_forward=\"gather\"`, `+rows`: `exchange_forward=\"rows\"`, "
+             "`+alltoall`: `gather_with=\"alltoall\"`). Runs made before `exchange_forward` "
+             "existed (every JSON without a `sharded+exchange+gather` entry) measured the "
+             "gather under the name `sharded+exchange`; since then `+exchange` alone lets "
+             "`exchange_forward=\"auto\"` choose, and on mlp it chooses the rows.", "",
              "Ratios to stock Horovod (its step time / the strategy's; > 1 is faster):", "",
              ratio_table(runs),
              "Per strategy: step time (median of the rounds), ratio to plain `sharded` in the "

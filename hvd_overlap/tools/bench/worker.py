@@ -99,9 +99,10 @@ class StepTimer(tf.keras.callbacks.Callback):
         self.ends.append(time.perf_counter())
 
     @property
-    def step_time(self) -> float:
+    def durations(self) -> list[float]:
+        """Seconds of each timed step, in order."""
         timed = self.ends[self.warmup - 1:self.warmup + self.steps]
-        return (timed[-1] - timed[0]) / (len(timed) - 1)
+        return [b - a for a, b in zip(timed[:-1], timed[1:], strict=True)]
 
 
 class Trainee:
@@ -129,15 +130,15 @@ class Trainee:
                 self.callbacks.append(hk.OverlapCallback())
         self.model.compile(opt, tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
 
-    def run(self, data: tf.data.Dataset, warmup: int, steps: int) -> float:
-        """Train ``warmup + steps + 1`` steps; the mean step time of the ``steps`` timed ones,
-        in seconds. The epoch's last step is not timed, for any strategy: a deferring strategy
+    def run(self, data: tf.data.Dataset, warmup: int, steps: int) -> list[float]:
+        """Train ``warmup + steps + 1`` steps; the seconds of each of the ``steps`` timed ones.
+        The epoch's last step is not timed, for any strategy: a deferring strategy
         lands its own update there (and traces that step's function once), and flushes after
         it -- once per epoch, amortised over real epochs, not the steady state."""
         timer = StepTimer(warmup, steps)
         self.model.fit(data, epochs=1, steps_per_epoch=warmup + steps + 1, verbose=0,
                        callbacks=[timer, *self.callbacks])
-        return timer.step_time
+        return timer.durations
 
 
 def settle(trainee: Trainee, data: tf.data.Dataset, limit: int = 200) -> dict[str, Any]:
@@ -202,6 +203,7 @@ def run(job: Job) -> dict[str, Any] | None:
     names = list(job.strategies)
     r = job.round % len(names)
     times: dict[str, float] = {}
+    samples: dict[str, list[float]] = {}
     timelines: dict[str, str] = {}
     trainees = {s: Trainee(s, cfg) for s in names}
     chosen: dict[str, Any] = {}
@@ -212,7 +214,9 @@ def run(job: Job) -> dict[str, Any] | None:
                      f"{chosen['steps']} steps ({chosen['seconds']:.1f} s)")
     for s in names[r:] + names[:r]:
         mine = trainees[s].run(data, cfg.warmup, cfg.steps)
-        times[s] = max(hvd.allgather_object(mine, name=f"hvdo.bench.{job.round}.{s}"))
+        every = hvd.allgather_object(mine, name=f"hvdo.bench.{job.round}.{s}")
+        samples[s] = [max(step) for step in zip(*every, strict=True)]  # each step: its slowest rank
+        times[s] = max(sum(d) / len(d) for d in every)
         if rank == 0:
             progress(f"round {job.round + 1}/{cfg.rounds} {s:<14} {times[s] * 1e3:8.1f} ms/step")
     if job.timeline_dir:
@@ -233,7 +237,8 @@ def run(job: Job) -> dict[str, Any] | None:
     model = next(iter(trainees.values())).model
     return {"strategies": names, "round": job.round, "ranks": size,
             "global_batch": cfg.batch_size * size, "params": model.count_params(),
-            "grad_bytes": gradient_bytes(model), "step_times": times, "timelines": timelines,
+            "grad_bytes": gradient_bytes(model), "step_times": times,
+            "step_samples": samples, "timelines": timelines,
             "auto": chosen,
             "optimizer_state_bytes": memory, "clean_process": clean, "plugin_modules": loaded,
             "pinned": pinned is not None, "load_avg_1min": os.getloadavg()[0],

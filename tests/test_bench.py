@@ -54,7 +54,7 @@ def test_table_json_and_plot(tmp_path):
     assert rows[0].split()[:2] == ["strategy", "samples/s"]
     # no timeline in RAW: bytes sent, wire time and hidden share are "-"
     assert rows[2].split() == ["layerwise", "213.3", "600.0", "1.333x", "0.67", "24.4", "-", "-",
-                               "-", "-"]
+                               "-", "-", "-"]
     sent = report.summarize({**RAW, "sent_bytes_per_step": {"layerwise": {"all": 3 * 2**20}}})
     assert sent["layerwise"]["sent_bytes_per_rank"] == {"all": 3 * 2**20}
     assert report.format_table(sent).splitlines()[2].split()[6] == "3.0"
@@ -73,6 +73,21 @@ def test_table_json_and_plot(tmp_path):
         assert key in data["layerwise"]
     report.plot(tmp_path / "b.png", {"vgg 1gbit": s, "again": s})
     assert (tmp_path / "b.png").stat().st_size > 1000
+
+
+def test_link_bytes_from_the_interface_counters():
+    """Rank 0's link bytes per step, median over rounds; a shared loopback counts every rank's
+    traffic once (so / ranks); the host's own loopback is not the benchmark's alone (None)."""
+    link = {"layerwise": [[4 * 2**20, 5 * 2**20], [6 * 2**20, 1.0], [2 * 2**20, None]]}
+    hosts = {**RAW, "config": {**RAW["config"], "net_model": "hosts"},
+             "link_bytes_per_step": link}
+    assert report.summarize(hosts)["layerwise"]["link_bytes_per_rank"] == 4 * 2**20
+    assert report.format_table(report.summarize(hosts)).splitlines()[2].split()[7] == "4.0"
+    shared = {**hosts, "config": {**hosts["config"], "net_model": "loopback"}}
+    assert report.summarize(shared)["layerwise"]["link_bytes_per_rank"] == 2 * 2**20
+    plain = {**hosts, "config": {**hosts["config"], "net": "plain"}}
+    assert report.summarize(plain)["layerwise"]["link_bytes_per_rank"] is None
+    assert report.summarize(RAW)["layerwise"]["link_bytes_per_rank"] is None  # older JSON
 
 
 def test_sharded_phases_and_optimizer_memory():

@@ -75,8 +75,11 @@ def test_rows_forward_elements_and_choice():
     assert choose_exchange(ALWAYS, 3072, None, 2) == EXCHANGE  # layout before the batch is known
     # rows beat the gather exactly where the exchange beats reduce-scatter (both: batch *
     # (n_in + P n_out) < n_in n_out), by the rows' all-gather; the activations grow with P
-    assert choose_exchange(AUTO, 3072, s, 32) == EXCHANGE_ROWS
+    assert choose_exchange(AUTO, 3072, s, 8) == EXCHANGE_ROWS
     assert choose_exchange(AUTO, 3072, s, 64) is None
+    # the critical-path collectives' charge grows with the peers: at 32 ranks the gather wins
+    assert s.cost(EXCHANGE_ROWS, 32) == s.rows_elements(32) + 4 * 31 * LATENCY_ELEMENTS
+    assert choose_exchange(AUTO, 3072, s, 32) == EXCHANGE
     # so only the four critical-path collectives' charge makes the gather win: small layers
     small = DenseShape(144, 33, 16)
     assert small.rows_elements(2) < small.exchange_elements(2)

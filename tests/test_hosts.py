@@ -60,6 +60,22 @@ def test_hosts_are_created_shaped_both_ways_and_removed():
     assert not any((NETNS_ETC / ns).exists() for ns in hosts.namespaces)
 
 
+def test_link_bytes_sent_counts_a_hosts_own_link():
+    """What the bench reads per timed step: inside a host's namespace, its own link's counter,
+    which grows by what it sends to another host."""
+    send = ("import socket, sys\n"
+            "from hvd_overlap.tools.netns import link_bytes_sent\n"
+            "before = link_bytes_sent()\n"
+            "s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+            "for _ in range(100): s.sendto(bytes(1000), (sys.argv[1], 9))\n"
+            "print(before, link_bytes_sent())")
+    with emulated_hosts(2, None, tag="hvdotest4") as hosts:
+        out = subprocess.run(["ip", "netns", "exec", hosts.namespaces[0], sys.executable, "-c",
+                              send, hosts.addresses[1]], capture_output=True, text=True)
+    before, after = map(int, out.stdout.split())
+    assert 100 * 1000 <= after - before < 100 * 1200, out.stdout  # payload plus headers
+
+
 def test_hosts_are_removed_on_error():
     with pytest.raises(NetnsError), emulated_hosts(2, "0gbit", tag="hvdotest2"):
         pass  # tc refuses a zero rate after the namespaces exist: they must still go

@@ -431,8 +431,10 @@ def test_exchange_never_slower_on_a_bandwidth_bound_link(name):
             for base in ("sharded", "sharded_hybrid"):
                 plain, ex = simulate(prof, base, c), simulate(prof, base + "+exchange", c)
                 # a kernel the exchange does not carry keeps a bucket of its own (the layout
-                # is fixed before the batch is known): a collective's start-up more, no worse
-                assert ex.step_s <= plain.step_s * 1.002, (base, bandwidth, p)
+                # is fixed before the batch is known): a collective's start-up more; the
+                # forward on the rows puts its all-to-alls' start-up on the critical path,
+                # exposed where the link hides everything anyway (100 Gbit/s): under 1%
+                assert ex.step_s <= plain.step_s * 1.01, (base, bandwidth, p)
                 if pays:
                     exchanged += 1
                     assert ex.wire_bytes < plain.wire_bytes
@@ -495,7 +497,7 @@ def test_simulate_command_shows_the_exchange(tmp_path):
                                     "horovod,sharded,sharded+exchange", "--json", str(out)])
     assert res.exit_code == 0, res.output
     assert "sharded+exchange" in res.output and "dense factor exchange" in res.output
-    assert any(line.split()[:2] == ["8", "fc2"] and line.endswith("exchange")
+    assert any(line.split()[:2] == ["8", "fc2"] and line.endswith("exchange+rows")
                for line in res.output.splitlines())
     data = json.loads(out.read_text())["profiles"]["vgg16"]
     assert {(r["ranks"], r["strategy"]) for r in data["results"]} == \

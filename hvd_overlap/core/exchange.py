@@ -20,7 +20,8 @@ For ``y = x W`` with ``W`` of ``n_in x n_out`` on ``ranks`` ranks, local batch `
   summed (``(P-1) batch n_out``); backprop all-gathers the output errors as above and sends
   each rank the input gradient of its own columns back (``(P-1)/P batch n_in``). Per call:
   ``2 (P-1)/P batch n_in + 2 (P-1) batch n_out`` elements, nothing per weight -- but four
-  collectives on the step's critical path, each charged ``LATENCY_ELEMENTS`` when choosing.
+  collectives on the step's critical path, each charged ``LATENCY_ELEMENTS`` per peer (``P-1``)
+  when choosing.
 """
 
 from __future__ import annotations
@@ -46,8 +47,8 @@ GATHER, ROWS = "gather", "rows"
 FORWARD_MODES = (AUTO, GATHER, ROWS)
 #: collectives per call on the critical path with the forward on the rows
 ROWS_COLLECTIVES = 4
-#: what one such collective is charged when choosing, in elements (its start-up: ~2 ms at
-#: 1 Gbit/s, measured per collective here; small against a kernel's rows)
+#: what one such collective is charged per peer when choosing, in elements (its start-up: ~2 ms
+#: at 1 Gbit/s, measured per collective here; small against a kernel's rows at few ranks)
 LATENCY_ELEMENTS = 1 << 16
 
 
@@ -104,12 +105,13 @@ class DenseShape:
     def cost(self, collective: str | None, ranks: int) -> float:
         """What ``choose_exchange`` compares: elements sent per rank per step (None: the
         kernel reduce-scattered), plus the start-up charge of the rows forward's
-        critical-path collectives."""
+        critical-path collectives (each: ``LATENCY_ELEMENTS`` per peer)."""
         if collective is None:
             return self.sharded_elements(ranks)
         if collective == EXCHANGE:
             return self.exchange_elements(ranks)
-        return self.rows_elements(ranks) + ROWS_COLLECTIVES * self.calls * LATENCY_ELEMENTS
+        return self.rows_elements(ranks) + ROWS_COLLECTIVES * self.calls * (ranks - 1) \
+            * LATENCY_ELEMENTS
 
 
 def choose_exchange(mode: str, n_in: int, shape: DenseShape | None, ranks: int,

@@ -26,21 +26,26 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from typing import Any
 
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
+from hvd_overlap.comm.link import agree
 from hvd_overlap.core.exchange import (
     AUTO,
+    GATHER,
     NEVER,
+    ROWS,
     DenseShape,
     label_exchange,
     row_range,
     row_sizes,
 )
-from hvd_overlap.core.plan import EXCHANGE_ROWS, EXCHANGES, Plan
+from hvd_overlap.core.plan import EXCHANGE, EXCHANGE_ROWS, EXCHANGES, Plan
 from hvd_overlap.core.sharding import ShardLayout
+from hvd_overlap.core.trial import Trials
 from hvd_overlap.keras.state_scope import plugin_state
 
 
@@ -225,7 +230,17 @@ def _count_in(table: weakref.WeakKeyDictionary) -> int:
 
 class DenseExchanges:
     """A sharded executor's patched layers and the decision which kernels the exchange
-    carries (``exchange``: ``never``, ``auto`` or ``always``)."""
+    carries (``exchange``: ``never``, ``auto`` or ``always``) and how their forward gets its
+    weights (``forward``: ``auto``, ``gather`` or ``rows``).
+
+    With ``forward="auto"``, where the cost model puts some kernels' forward on the rows, an
+    online check follows the decision: the steps after it run that choice, then the same steps
+    with every exchanged kernel's rows gathered, and the faster stays (``Trials``; the rows'
+    critical-path collectives can cost more than the gather they save where compute hides
+    the gather anyway)."""
+
+    #: tests: the way the online check keeps, whatever it measures (``rows`` or ``gather``)
+    forced_forward: str | None = None
 
     def __init__(self, mode: str, settings: Any, in_train_step: Callable[[], bool],
                  forward: str = AUTO):
@@ -234,12 +249,31 @@ class DenseExchanges:
         self.settings = settings
         self.in_train_step = in_train_step
         self.layers: list[ExchangedDense] = []
+        self.decided = False
+        self.trial: Trials | None = None
+        self._plans: dict[str, Plan] = {}          # the decided plan per forward way
+        self._rows: dict[int, tuple[int, int]] = {}  # exchanged kernel index -> its rows
+        self._keep: set[int] = set()               # the cost model's kernels on the rows
+        self._found: dict[int, ExchangedDense] = {}
+        self._attached = False
+
+    @property
+    def settled(self) -> bool:
+        """Nothing left to decide: no exchange (``never``, one rank, no eligible layer), or
+        the decision and any online check made."""
+        if self.mode == NEVER or hvd.size() < 2:
+            return True
+        if not self._attached:
+            return False
+        return not self.layers or (self.decided and (self.trial is None or
+                                                     self.trial.settled))
 
     def attach(self, model: Any) -> None:
         """Patch the model's exchangeable layers (once; a no-op with ``exchange="never"`` or
         on one rank)."""
         if self.mode == NEVER or self.layers or hvd.size() < 2:
             return
+        self._attached = True
         average = self.settings.op == hvd.Average
         self.layers = [ExchangedDense(layer, f"{self.settings.name}.xch{i}", average,
                                       self.in_train_step)
@@ -280,8 +314,35 @@ class DenseExchanges:
         labelled = label_exchange(plan, shapes, self.mode, hvd.size(), self.forward)
         chosen = {v.index: b.collective for b in labelled.buckets if b.collective in EXCHANGES
                   for v in b.variables}
-        for index in chosen.keys() & found.keys():
-            n_in = int(variables[index].shape[0])
-            found[index].activate(row_range(n_in, hvd.size(), hvd.rank()),
-                                  keep=chosen[index] == EXCHANGE_ROWS)
-        return labelled
+        self._found = found
+        self._rows = {i: row_range(int(variables[i].shape[0]), hvd.size(), hvd.rank())
+                      for i in chosen.keys() & found.keys()}
+        self._keep = {i for i in self._rows if chosen[i] == EXCHANGE_ROWS}
+        self._plans = {ROWS: labelled, GATHER: replace(labelled, buckets=tuple(
+            replace(b, collective=EXCHANGE) if b.collective == EXCHANGE_ROWS else b
+            for b in labelled.buckets))}
+        self.decided = True
+        if self.forward == AUTO and self._keep:
+            self.trial = Trials((ROWS, GATHER), lambda v: agree(
+                v, f"{self.settings.name}.xch.trial{len(self.trial.measured)}"),
+                forced=self.forced_forward)
+        return self.use(ROWS)
+
+    def use(self, way: str) -> Plan:
+        """Activate the exchanged kernels for ``way``: ``rows`` (the cost model's choice) or
+        ``gather`` (every exchanged kernel's rows gathered); the plan that describes it."""
+        for index, rows in self._rows.items():
+            self._found[index].activate(rows, keep=way == ROWS and index in self._keep)
+        plan = self._plans[way]
+        if self.trial is not None and self.trial.settled:
+            plan = replace(plan, notes=plan.notes + (
+                f"exchange_forward='auto', measured: {self.trial.describe()}",))
+        return plan
+
+    def observe(self, seconds: float, usable: bool) -> str | None:
+        """One train step (every rank): the way to switch to now, if the online check says
+        so; the way it keeps when it ends."""
+        if self.trial is None or self.trial.settled:
+            return None
+        switch = self.trial.observe(seconds, usable)
+        return self.trial.running if self.trial.settled else switch

@@ -64,6 +64,22 @@ def check_requirements() -> None:
                          "(e.g. sudo), or use --net plain")
 
 
+def link_bytes_sent() -> int | None:
+    """Bytes this network namespace's interfaces have sent (their kernel counters): the
+    emulated host's own link (every non-loopback interface), or the loopback when it has no
+    other (a shaped loopback that both ranks share); None where unreadable."""
+    counters = {}
+    for path in Path("/sys/class/net").glob("*/statistics/tx_bytes"):
+        try:
+            counters[path.parent.parent.name] = int(path.read_text())
+        except (OSError, ValueError):
+            continue
+    own = [n for n in counters if n != "lo"]
+    if own:
+        return sum(counters[n] for n in own)
+    return counters.get("lo")
+
+
 def exec_prefix(name: str) -> list[str]:
     """Prefix that runs a command inside namespace ``name``."""
     return ["ip", "netns", "exec", name]

@@ -212,15 +212,16 @@ def format_results(results: Sequence[StepResult]) -> str:
 
 def format_exchange(choices: Sequence[ExchangeChoice]) -> str:
     """Fixed-width table: one row per (ranks, dense kernel), the MiB one rank sends per step
-    with reduce-scatter + all-gather and with the exchange, and ``exchange="auto"``'s choice."""
+    with reduce-scatter + all-gather, with the exchange (its activations) and with the forward
+    on the rows, and ``exchange="auto"``'s choice."""
     lines = [f"{'ranks':>6} {'layer':<14} {'kernel':>11} {'batch':>5} {'rs+ag MiB':>10} "
-             f"{'exch MiB':>9} {'(activ.)':>9}  choice"]
+             f"{'exch MiB':>9} {'(activ.)':>9} {'rows MiB':>9}  choice"]
     for c in choices:
         kernel = f"{c.shape.n_in}x{c.shape.n_out}"
         lines.append(f"{c.ranks:>6} {c.layer:<14} {kernel:>11} {c.shape.batch:>5} "
                      f"{c.sharded_bytes / 2**20:>10.1f} {c.exchange_bytes / 2**20:>9.1f} "
-                     f"{c.activation_bytes / 2**20:>9.1f}  "
-                     f"{'exchange' if c.exchanged else 'reduce-scatter'}")
+                     f"{c.activation_bytes / 2**20:>9.1f} {c.rows_bytes / 2**20:>9.1f}  "
+                     f"{c.way if c.exchanged else 'reduce-scatter'}")
     return "\n".join(lines)
 
 

@@ -32,7 +32,11 @@ bucket of its own; where ``label_exchange`` chooses the exchange, that kernel is
 reduce-scattered: as the layer's backward starts, its input (an alltoall) and its output errors
 (an all-gather) travel, and the part of the layer's backward that computes the kernel gradient
 (taken as its forward time: the same GEMM FLOPs) runs, eagerly, once both have arrived; its
-updated rows are all-gathered like any sharded bucket.
+updated rows are all-gathered like any sharded bucket -- or, with the forward on the rows
+(``EXCHANGE_ROWS``, where ``label_exchange`` picks it), never: the layer's forward waits for an
+alltoall of its input (issued when the input exists) and the next layer for an alltoall of the
+partial outputs; its backward waits for the all-gathered errors and the layer below's backward
+for an alltoall of the input gradient.
 
 Updates run after backprop, in program order, except one case: ``sharded_hybrid`` (and
 ``sharded`` with ``defer`` below the number of buckets) updates each backprop-phase bucket's
@@ -49,12 +53,13 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from hvd_overlap.core.exchange import AUTO, GATHER, NEVER, DenseShape, label_exchange
+from hvd_overlap.core.exchange import AUTO, GATHER, NEVER, ROWS, DenseShape, label_exchange
 from hvd_overlap.core.plan import (
     ALLREDUCE,
     BACKWARD,
     DEFAULT_BUCKET_BYTES,
-    EXCHANGE,
+    EXCHANGE_ROWS,
+    EXCHANGES,
     FORWARD,
     Plan,
     VarSpec,
@@ -62,12 +67,17 @@ from hvd_overlap.core.plan import (
 )
 from hvd_overlap.core.strategies import STRATEGIES as _STRATEGIES
 from hvd_overlap.core.strategies import PlanOptions, get_strategy
+from hvd_overlap.core.trial import MARGIN
 
 RUNTIME_STRATEGIES = tuple(_STRATEGIES)  # every runtime strategy, simulated from its own plan
 EXCHANGE_SUFFIX = "+exchange"  # a sharded strategy with exchange="auto"
+# ...and exchange_forward, as the bench spells it (no suffix: "auto")
+FORWARD_SUFFIXES = {"": AUTO, "+gather": GATHER, "+rows": ROWS}
+_COST_CHOICE = "+rows_if_cheaper"  # internal: exchange_forward="auto" before its online check
 EXCHANGE_STRATEGIES = tuple(f"{s}{EXCHANGE_SUFFIX}" for s in RUNTIME_STRATEGIES
                             if _STRATEGIES[s].shards)
-STRATEGIES = RUNTIME_STRATEGIES + EXCHANGE_STRATEGIES
+STRATEGIES = RUNTIME_STRATEGIES + tuple(f"{s}{f}" for s in EXCHANGE_STRATEGIES
+                                        for f in FORWARD_SUFFIXES)
 FUSION_BYTES = 128 * 1024 * 1024  # HOROVOD_FUSION_THRESHOLD default
 CYCLE_S = 1e-3                    # HOROVOD_CYCLE_TIME default in Horovod 0.28.1 (1 ms)
 PROFILE_FORMAT = "hvd-overlap-profile/1"
@@ -300,14 +310,21 @@ class _Bucket:
     phase: str = BACKWARD  # the plan's: when it travels (sharded: when it is all-gathered)
     exchange: DenseShape | None = None  # a dense kernel the factor exchange carries
     itemsize: int = 4
+    rows_forward: bool = False  # the exchange's forward on the rows: its rows never gathered
 
 
-def exchange_mode(strategy: str) -> tuple[str, str]:
-    """The runtime strategy and ``exchange`` keyword of a simulator strategy:
-    ``sharded+exchange`` -> ``("sharded", "auto")``, ``sharded`` -> ``("sharded", "never")``."""
+def exchange_mode(strategy: str) -> tuple[str, str, str]:
+    """The runtime strategy and ``exchange`` and ``exchange_forward`` keywords of a simulator
+    strategy: ``sharded+exchange`` -> ``("sharded", "auto", "auto")``,
+    ``sharded+exchange+rows`` -> ``("sharded", "auto", "rows")``, ``sharded`` ->
+    ``("sharded", "never", "auto")``."""
+    for suffix, forward in (*FORWARD_SUFFIXES.items(), (_COST_CHOICE, AUTO)):
+        if suffix and strategy.endswith(suffix):
+            base, _, _ = exchange_mode(strategy[:-len(suffix)])
+            return base, AUTO, forward
     if strategy.endswith(EXCHANGE_SUFFIX):
-        return strategy[:-len(EXCHANGE_SUFFIX)], AUTO
-    return strategy, NEVER
+        return strategy[:-len(EXCHANGE_SUFFIX)], AUTO, AUTO
+    return strategy, NEVER, AUTO
 
 
 def _specs(profile: Profile, exchange: bool = False) -> list[VarSpec]:
@@ -339,15 +356,16 @@ def plan_of(profile: Profile, strategy: str, bucket_bytes: int = DEFAULT_BUCKET_
     """The plan the runtime would build for the profile's layers on ``ranks`` ranks (None:
     nothing to send); an exchange strategy's with each dense kernel's choice made for the
     profile's batch (``label_exchange``)."""
-    base, exchange = exchange_mode(strategy)
+    base, exchange, forward = exchange_mode(strategy)
     specs = _specs(profile, exchange != NEVER)
     if not specs:
         return None
     plan = get_strategy(base).build_plan(
-        specs, PlanOptions(bucket_bytes, defer, exchange=exchange, ranks=ranks))
+        specs, PlanOptions(bucket_bytes, defer, exchange=exchange, exchange_forward=forward,
+                           ranks=ranks))
     if exchange == NEVER:
         return plan
-    return label_exchange(plan, _dense_shapes(profile, specs), exchange, ranks, GATHER)
+    return label_exchange(plan, _dense_shapes(profile, specs), exchange, ranks, forward)
 
 
 def buckets_of(profile: Profile, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
@@ -374,17 +392,18 @@ def buckets_of(profile: Profile, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
     for b in plan.buckets:
         idx = tuple(sorted({pos[v.layer] for v in b.variables}))
         nbytes, tensors = (sum(col) for col in zip(*map(size, b.variables), strict=True))
-        shape = shapes[b.variables[0].index] if b.collective == EXCHANGE else None
+        shape = shapes[b.variables[0].index] if b.collective in EXCHANGES else None
         out.append(_Bucket(b.index, idx, nbytes, tensors, nbytes * per_byte, b.phase, shape,
-                           itemsize(b.dtype)))
+                           itemsize(b.dtype), b.collective == EXCHANGE_ROWS))
     return out
 
 
 @dataclass(frozen=True)
 class ExchangeChoice:
     """One dense kernel on ``ranks`` ranks: the bytes one rank sends per step with
-    reduce-scatter plus all-gather and with the exchange (of which the activations), and
-    whether ``exchange="auto"`` uses the exchange."""
+    reduce-scatter plus all-gather, with the exchange (of which the activations) and with the
+    exchange's forward on the rows, and how ``exchange="auto"`` sends it (``way``: the plan's
+    label)."""
 
     ranks: int
     layer: str
@@ -392,10 +411,15 @@ class ExchangeChoice:
     sharded_bytes: float
     exchange_bytes: float
     activation_bytes: float
-    exchanged: bool
+    rows_bytes: float
+    way: str
+
+    @property
+    def exchanged(self) -> bool:
+        return self.way in EXCHANGES
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "exchanged": self.exchanged}
 
 
 def exchange_choices(profile: Profile, ranks: int, strategy: str = EXCHANGE_STRATEGIES[0],
@@ -415,14 +439,14 @@ def exchange_choices(profile: Profile, ranks: int, strategy: str = EXCHANGE_STRA
         out.append((v.index, ExchangeChoice(
             ranks, v.layer, s, s.sharded_elements(ranks) * size,
             s.exchange_elements(ranks) * size, s.activation_elements(ranks) * size,
-            b.collective == EXCHANGE)))
+            s.rows_elements(ranks) * size, b.collective)))
     return [c for _, c in sorted(out, key=lambda ic: ic[0])]
 
 
 def build_step(profile: Profile, strategy: str, cluster: Cluster,
                defer: int | None = None) -> tuple[list[Task], list[Request]]:
     """The compute tasks and collectives of one steady-state step of ``strategy``."""
-    if strategy not in STRATEGIES:
+    if strategy.removesuffix(_COST_CHOICE) not in STRATEGIES:
         raise ValueError(f"strategy {strategy!r}: choose one of {', '.join(STRATEGIES)}")
     plan = plan_of(profile, strategy, cluster.bucket_bytes, defer, cluster.ranks)
     layers = profile.layers
@@ -449,8 +473,9 @@ def build_step(profile: Profile, strategy: str, cluster: Cluster,
     # late: travel at the start of the step, in forward order (sharded: the all-gather of
     # updated parameters; the early-only ones are all-gathered right after their update, in
     # backprop)
-    late = [b for b in buckets if b.phase == FORWARD]
+    late = [b for b in buckets if b.phase == FORWARD and not b.rows_forward]
     early = buckets if sharded else [b for b in buckets if b.phase == BACKWARD]
+    on_rows = {b.layers[0]: b for b in buckets if b.rows_forward}
     late_index = {b.index for b in late}
     kind_late = "allgather" if sharded else "allreduce"
     kind_early = "reduce_scatter" if sharded else "allreduce"
@@ -470,10 +495,24 @@ def build_step(profile: Profile, strategy: str, cluster: Cluster,
             pre[first] = Task(f"update bucket {b.index}", b.update_s, (rid,))
 
     tasks: list[Task] = []
+    carry: tuple[int, ...] = ()  # the partial outputs of a layer on the rows: the next waits
     for i, la in enumerate(layers):
         if i in pre:
             tasks.append(pre[i])
-        tasks.append(Task(f"forward {la.name}", la.forward_s, waits_before.get(i, ())))
+        waits, issues, carry = waits_before.get(i, ()) + carry, (), ()
+        b = on_rows.get(i)
+        if b is not None and b.exchange is not None:
+            s = b.exchange  # the input to the rows' owners; the partial outputs back
+            x = request(kind="alltoall", nbytes=s.calls * s.batch * s.n_in * b.itemsize,
+                        tensors=1, label=f"alltoall inputs bucket {b.index}",
+                        at_start=not tasks)
+            if tasks:
+                tasks[-1].issues += (x,)
+            issues = carry = (request(
+                kind="alltoall", nbytes=s.calls * cluster.ranks * s.batch * s.n_out
+                * b.itemsize, tensors=1, label=f"alltoall outputs bucket {b.index}"),)
+            waits += (x,)
+        tasks.append(Task(f"forward {la.name}", la.forward_s, waits, issues))
     # backward, output layer first; collectives issued as gradients appear (exchanges as their
     # layer's backward starts)
     ready_at: dict[int, list[_Bucket]] = {}
@@ -482,11 +521,29 @@ def build_step(profile: Profile, strategy: str, cluster: Cluster,
         (ready_at if b.exchange is None else exchanged).setdefault(b.layers[0], []).append(b)
     post: list[Task] = []
     eager: list[Task] = []
+    below: tuple[int, ...] = carry  # the input gradient a layer on the rows sends back
     for i in reversed(range(len(layers))):
         la = layers[i]
         issues: tuple[int, ...] = ()
         work = la.backward_s
+        waits, below = below, ()
         for b, shape in ((b, b.exchange) for b in exchanged.get(i, []) if b.exchange):
+            if b.rows_forward:  # errors all-gathered; then this rank's rows and dx columns
+                dy = request(kind="allgather", nbytes=shape.calls * cluster.ranks * shape.batch
+                             * shape.n_out * b.itemsize, tensors=1,
+                             label=f"allgather errors bucket {b.index}")
+                tasks[-1].issues += (dy,)
+                rows_s = min(la.forward_s, work)
+                work -= rows_s
+                waits += (dy,)
+                eager.append(Task(f"gradient rows bucket {b.index}", rows_s, (dy,), eager=True))
+                post.append(Task(f"update bucket {b.index}", b.update_s / cluster.ranks, (dy,)))
+                if i > 0:  # the input layer's input gradient is not computed
+                    below = (request(kind="alltoall", nbytes=shape.calls * shape.batch
+                                     * shape.n_in * b.itemsize, tensors=1,
+                                     label=f"alltoall input gradient bucket {b.index}"),)
+                    issues += below
+                continue
             got = exchange(b, shape)
             tasks[-1].issues += got  # the previous task produced this layer's output errors
             rows_s = min(la.forward_s, work)  # the kernel-gradient GEMM: the forward's FLOPs
@@ -517,7 +574,7 @@ def build_step(profile: Profile, strategy: str, cluster: Cluster,
                              label=f"allgather bucket {b.index}")
                 eager.append(Task(f"update bucket {b.index}", b.update_s / cluster.ranks,
                                   (rid,), (ag,), eager=True))
-        tasks.append(Task(f"backward {la.name}", work, issues=issues))
+        tasks.append(Task(f"backward {la.name}", work, waits, issues))
     return tasks + post + eager, reqs
 
 
@@ -655,6 +712,11 @@ def simulate(profile: Profile, strategy: str, cluster: Cluster,
     compute = profile.compute_s  # the compute-only baseline: local training, full update
     if cluster.ranks == 1:
         return StepResult(strategy, 1, compute, compute, 0.0, 0, 0.0)
+    if strategy.endswith(EXCHANGE_SUFFIX):  # exchange_forward="auto": its online check too
+        chosen = simulate(profile, strategy + _COST_CHOICE, cluster, defer)
+        gather = simulate(profile, strategy + "+gather", cluster, defer)
+        best = gather if gather.step_s * (1 + MARGIN) < chosen.step_s else chosen
+        return replace(best, strategy=strategy)
     tasks, reqs = build_step(profile, strategy, cluster, defer)
     out = run_step(tasks, reqs, cluster)
     sent = sum(cluster.wire_bytes(r.kind, r.nbytes) for r in reqs)

@@ -97,6 +97,18 @@ def dense_mix() -> tf.keras.Model:
     ])
 
 
+def dense_big() -> tf.keras.Model:
+    """A 1024x1024 Dense layer: at 16 per rank on 2 ranks the exchange's cost model puts its
+    forward on the rows (and keeps the gather for the 144x1024 one)."""
+    L = tf.keras.layers
+    return tf.keras.Sequential([
+        L.Flatten(input_shape=(12, 12, 1)),
+        L.Dense(1024, activation="relu", name="first"),
+        L.Dense(1024, activation="tanh", name="big"),
+        L.Dense(10, name="logits"),
+    ])
+
+
 def dense_l2() -> tf.keras.Model:
     """Dense layers with L2 kernel regularizers (a loss term on the whole kernel)."""
     L = tf.keras.layers
@@ -110,7 +122,7 @@ def dense_l2() -> tf.keras.Model:
 MODELS: dict[str, Callable[[], tf.keras.Model]] = {
     "cnn_bn": cnn_bn, "shared_layer": shared_layer,
     "embedding": embedding, "unused_branch": unused_branch, "odd_sizes": odd_sizes,
-    "dense_mix": dense_mix, "dense_l2": dense_l2,
+    "dense_mix": dense_mix, "dense_l2": dense_l2, "dense_big": dense_big,
 }
 
 

@@ -113,6 +113,30 @@ def test_custom_loop_matches_distributed_tape(opt_name, forward):
     assert_weights_close(got, ref)
 
 
+@pytest.mark.parametrize("kept", ["rows", "gather"])
+def test_online_check_between_rows_and_gather_matches_stock(kept):
+    """``exchange_forward="auto"``: the cost model puts the 1024x1024 kernel's forward on the
+    rows; the online check runs that, then the gather, then keeps one (forced here, both
+    ways): every switch lands the pending update first, so the weights equal stock's."""
+    from hvd_overlap.keras.exchange import DenseExchanges
+
+    keep = _Keep()
+    DenseExchanges.forced_forward = kept
+    try:
+        got = train_fit("dense_big", "adam", ours("sharded", exchange="auto"),
+                        callbacks=[keep], validation=True)
+    finally:
+        DenseExchanges.forced_forward = None
+    assert_weights_close(got, stock_reference("dense_big", "adam"))
+    assert same_on_all_ranks(got)
+    ex = keep.opt._hvdo.exchange
+    assert ex.settled and ex.trial.measured.keys() == {"rows", "gather"}
+    assert ex.trial.running == kept
+    assert [n.split("/")[0] for n in _kept(keep.opt)] == (["big"] if kept == "rows" else [])
+    assert sorted(n.split("/")[0] for n in _exchanged(keep.opt)) == ["big", "first"]
+    assert any("exchange_forward='auto', measured: rows" in n for n in keep.opt.plan.notes)
+
+
 def test_rows_stay_on_their_rank_until_flush():
     """With the forward on the rows, training steps never gather a kernel: after steps in a
     custom loop each rank's own rows equal stock Horovod's, the other rows are stale (as the

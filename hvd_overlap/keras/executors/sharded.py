@@ -19,7 +19,7 @@ import tensorflow as tf
 
 from hvd_overlap.comm.methods import Grad, ReduceScatterGather
 from hvd_overlap.comm.schedule import chain, issue_forward
-from hvd_overlap.core.exchange import NEVER, row_range
+from hvd_overlap.core.exchange import NEVER, ROWS, row_range
 from hvd_overlap.core.plan import BACKWARD, FORWARD, Plan
 from hvd_overlap.core.sharding import BucketSlices, ShardLayout, partition
 from hvd_overlap.keras.exchange import DenseExchanges
@@ -36,6 +36,8 @@ class ShardedExecutor(NextStepExecutor):
         options = self.planner.options
         self.exchange = DenseExchanges(options.exchange, self.settings, self.phase.installed,
                                        options.exchange_forward)
+        self._switch: str | None = None  # the exchange's online check: the way to take
+        self._way = ROWS                 # ...and the way the current trace takes
 
     def set_method(self, method: Any) -> None:
         """With ``exchange``, some buckets are dense kernels cut by whole rows
@@ -138,17 +140,41 @@ class ShardedExecutor(NextStepExecutor):
 
     def take_retrace(self) -> bool:
         """After the first step (every rank): with ``exchange``, decide which kernels it
-        carries from the batch seen (agreed across ranks) and activate them, then retrace."""
+        carries from the batch seen (agreed across ranks) and activate them, then retrace; and
+        whenever the exchange's online check switches between the forward on the rows and the
+        gather (every update landed first)."""
         asked = self.phase.take_retrace()
         if asked and self.plan is not None and self.exchange.layers:
             # what the first steps left pending lands first: a kernel whose forward is about
             # to run on the rows takes its rows from the kernel as it is
             self.flush()
             plan = self.exchange.decide(self.plan, self.state.variables, self.state.layout)
-            self.planner.replace_plan(self.plan, plan)
-            self.plan = plan
-            self.phase.forget_flush()  # a flush traced before must now gather kept kernels
+            self._use(plan)
+        if self._switch is not None:
+            way, self._switch = self._switch, None
+            changed = way != self._way
+            if changed:
+                self.flush()  # every update lands before the forward changes how it reads
+            self._use(self.exchange.use(way))
+            self._way = way
+            asked = asked or changed
         return asked
+
+    def _use(self, plan: Plan) -> None:
+        self.planner.replace_plan(self.plan, plan)
+        self.plan = plan
+        self.phase.forget_flush()  # a flush traced before must gather the kept kernels now
+
+    def observe_step(self, seconds: float, usable: bool = True) -> None:
+        """The exchange's online check between the forward on the rows and the gather."""
+        way = self.exchange.observe(seconds, usable)
+        if way is not None:
+            self._switch = way
+
+    @property
+    def settled(self) -> bool:
+        """True once the plan is final (the exchange decided and checked)."""
+        return self.exchange.settled
 
     def pre_forward(self) -> None:
         """The deferred gathers, at the start of a train step; called again at its end (a

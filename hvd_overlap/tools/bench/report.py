@@ -8,9 +8,13 @@ this one (> 1 is faster); ``efficiency`` = compute-only (``local``) step time / 
 variable sizes (0 for ``local``); a ring allreduce sends ``2 (P-1)/P`` times that per rank,
 given as ``wire_bytes_per_rank``; ``sent_bytes_per_rank`` is what rank 0 really sent per step,
 read from the timeline (each collective's logged input size times its algorithm's share, per
-kind of collective and in ``all``). ``wire_s`` is the time the gradient collectives really spent on
-the wire per step (from a Horovod timeline) and ``hidden`` = 1 - (step time - local step time) /
-``wire_s``: the fraction of that communication time hidden behind compute.
+kind of collective and in ``all``; Horovod logs no size for an alltoall); ``link_bytes_per_rank``
+is what rank 0's link really sent per timed step (the kernel's interface counters: everything,
+alltoalls and TCP/IP headers included; on a shared shaped loopback its counter / ranks; None on
+the plain loopback, which the host shares), the median over rounds. ``wire_s`` is the time the
+gradient collectives really spent on the wire per step (from a Horovod timeline) and ``hidden``
+= 1 - (step time - local step time) / ``wire_s``: the fraction of that communication time
+hidden behind compute.
 
 For ``sharded`` the two phases are split: ``reduce_scatter_hidden`` = 1 - (reduce-scatter wire
 time after the step's last reduce-scatter was enqueued, i.e. after backprop) / its wire time;
@@ -48,6 +52,7 @@ def summarize(raw: dict[str, Any]) -> Summary:
             "bytes_per_step": sent,
             "wire_bytes_per_rank": round(sent * 2 * (ranks - 1) / ranks),
             "sent_bytes_per_rank": (raw.get("sent_bytes_per_step") or {}).get(s),
+            "link_bytes_per_rank": link_bytes(raw, s),
             "round_step_times_s": list(raw["step_times"][s]),
             "wire_s": raw.get("wire_time_per_step_s", {}).get(s),
             "hidden": hidden_fraction(t, steps.get(LOCAL), raw.get(
@@ -56,6 +61,19 @@ def summarize(raw: dict[str, Any]) -> Summary:
             **phase_hidden(t, steps.get(LOCAL), (raw.get("wire_by_collective_s") or {}).get(s)),
         }
     return out
+
+
+def link_bytes(raw: dict[str, Any], strategy: str) -> float | None:
+    """Rank 0's link bytes per timed step, median over rounds (see the module docstring)."""
+    from hvd_overlap.tools.netns import HOSTS, LOOPBACK, PLAIN
+
+    c = raw.get("config", {})
+    rounds = (raw.get("link_bytes_per_step") or {}).get(strategy) or []
+    firsts = [r[0] for r in rounds if r and r[0] is not None]
+    if c.get("net") == PLAIN or not firsts:
+        return None
+    share = {HOSTS: 1, LOOPBACK: raw["ranks"]}.get(c.get("net_model", HOSTS))
+    return statistics.median(firsts) / share if share else None
 
 
 def _memory(state: dict[str, int] | None) -> dict[str, Any]:
@@ -120,15 +138,17 @@ def format_table(summary: Summary) -> str:
     """Fixed-width table, one row per strategy."""
     w = max(10, *(len(s) for s in summary))
     lines = [f"{'strategy':<{w}} {'samples/s':>10} {'step ms':>9} {'vs stock':>10} "
-             f"{'efficiency':>10} {'MiB/step':>9} {'sent MiB':>9} {'wire ms':>8} {'hidden':>7} "
-             f"{'slots MiB':>9}"]
+             f"{'efficiency':>10} {'MiB/step':>9} {'sent MiB':>9} {'link MiB':>9} "
+             f"{'wire ms':>8} {'hidden':>7} {'slots MiB':>9}"]
     for s, m in summary.items():
         wire = m.get("wire_s")
         sent = (m.get("sent_bytes_per_rank") or {}).get("all")
+        link = m.get("link_bytes_per_rank")
         lines.append(f"{s:<{w}} {m['samples_per_sec']:>10.1f} {m['step_time_s'] * 1e3:>9.1f} "
                      f"{_num(m['ratio_to_stock'], '.3f'):>9}x "
                      f"{_num(m['efficiency'], '.2f'):>10} {m['bytes_per_step'] / 2**20:>9.1f} "
                      f"{_num(sent / 2**20 if sent else None, '.1f'):>9} "
+                     f"{_num(link / 2**20 if link is not None else None, '.1f'):>9} "
                      f"{_num(wire * 1e3 if wire else None, '.1f'):>8} "
                      f"{_num(m.get('hidden'), '.0%'):>7} "
                      f"{_num(m.get('slot_mib'), '.1f'):>9}")
@@ -136,7 +156,9 @@ def format_table(summary: Summary) -> str:
                  "that never imported the plugin) / this; efficiency: local (no communication) "
                  "step time / this; MiB/step: gradient bytes reduced per step; sent MiB: what "
                  "rank 0 sent per step (Horovod timeline: each collective's size x its "
-                 "algorithm's share); wire ms: time the collectives spent on the wire per step "
+                 "algorithm's share; alltoalls are not logged); link MiB: what rank 0's link "
+                 "sent per step (interface counters: everything); wire ms: time the collectives "
+                 "spent on the wire per step "
                  "(Horovod timeline); hidden: 1 - (step - local step) / wire; slots MiB: "
                  "optimizer slots per rank (sharded: for its slices "
                  "only; it also keeps the parameter slices it updates, slice_mib in the JSON)")

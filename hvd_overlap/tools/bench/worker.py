@@ -35,6 +35,7 @@ from hvd_overlap.tools.bench.config import (
     is_clean_group,
     plugin_options,
 )
+from hvd_overlap.tools.netns import link_bytes_sent
 
 PROGRESS = "hvdo: "  # prefix of progress lines (the launcher forwards them)
 #: The plugin's runtime: a clean (baseline) process loads none of it (the pure ``core`` and the
@@ -87,16 +88,24 @@ def pin_rank() -> list[int] | None:
 
 
 class StepTimer(tf.keras.callbacks.Callback):
-    """Mean seconds per step of the ``steps`` steps after the first ``warmup`` of a ``fit``
-    (the epoch's last step, after them, is not timed)."""
+    """Seconds of each of the ``steps`` steps after the first ``warmup`` of a ``fit`` (the
+    epoch's last step, after them, is not timed), and the link bytes sent meanwhile."""
 
     def __init__(self, warmup: int, steps: int):
         super().__init__()
         self.warmup, self.steps = warmup, steps
         self.ends: list[float] = []
+        self.sent: list[int | None] = []
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
         self.ends.append(time.perf_counter())
+        self.sent.append(link_bytes_sent())
+
+    @property
+    def link_bytes_per_step(self) -> float | None:
+        """Bytes the namespace's link sent per timed step (None if not readable)."""
+        first, last = self.sent[self.warmup - 1], self.sent[self.warmup + self.steps - 1]
+        return None if first is None or last is None else (last - first) / self.steps
 
     @property
     def durations(self) -> list[float]:
@@ -113,6 +122,7 @@ class Trainee:
         from hvd_overlap.tools.models import build_model
 
         tf.keras.utils.set_random_seed(cfg.seed)
+        self.link_bytes_per_step: float | None = None  # of the last run
         self.model = build_model(cfg.model, cfg.tiny)
         opt = tf.keras.optimizers.SGD(0.01, momentum=0.9)
         self.callbacks: list[tf.keras.callbacks.Callback] = []
@@ -138,20 +148,24 @@ class Trainee:
         timer = StepTimer(warmup, steps)
         self.model.fit(data, epochs=1, steps_per_epoch=warmup + steps + 1, verbose=0,
                        callbacks=[timer, *self.callbacks])
+        self.link_bytes_per_step = timer.link_bytes_per_step
         return timer.durations
 
 
 def settle(trainee: Trainee, data: tf.data.Dataset, limit: int = 200) -> dict[str, Any]:
-    """``auto``: train (untimed) until its online check has chosen, in fits of 10 steps (every
-    rank stops at the same fit: the decisions are agreed). What it chose and what that cost."""
+    """``auto`` (or the exchange's ``exchange_forward="auto"``): train (untimed) until its
+    online check has chosen, in fits of 10 steps (every rank stops at the same fit: the
+    decisions are agreed). What it chose and what that cost."""
     ex = trainee.model.optimizer._hvdo
     steps, start = 0, time.perf_counter()
-    while not ex.settled and steps < limit:
+    while steps == 0 or not ex.settled and steps < limit:
         trainee.model.fit(data, epochs=1, steps_per_epoch=10, verbose=0,
                           callbacks=trainee.callbacks)
         steps += 10
-    return {"settled": ex.settled, "choice": ex.current.describe(), "keywords":
-            ex.current.keywords(), "steps": steps, "seconds": time.perf_counter() - start,
+    out = {"settled": ex.settled, "steps": steps, "seconds": time.perf_counter() - start}
+    if not hasattr(ex, "current"):  # a sharded executor: its plan's notes say what it chose
+        return {**out, "choice": "; ".join(n for n in ex.plan.notes if "exchange" in n)}
+    return {**out, "choice": ex.current.describe(), "keywords": ex.current.keywords(),
             "log": ex.log, "measured_ms": {c.describe(): t * 1e3 for c, t in ex.measured.items()}}
 
 
@@ -204,18 +218,29 @@ def run(job: Job) -> dict[str, Any] | None:
     r = job.round % len(names)
     times: dict[str, float] = {}
     samples: dict[str, list[float]] = {}
+    link: dict[str, list[float | None]] = {}  # per rank: bytes its link sent per timed step
     timelines: dict[str, str] = {}
     trainees = {s: Trainee(s, cfg) for s in names}
     chosen: dict[str, Any] = {}
+    settled: dict[str, Any] = {}  # sharded strategies whose exchange checked online
     if AUTO in trainees:  # before any timing: the choice is made once, in its first steps
         chosen = settle(trainees[AUTO], data)
         if rank == 0:
             progress(f"round {job.round + 1}/{cfg.rounds} auto chose {chosen['choice']} in "
                      f"{chosen['steps']} steps ({chosen['seconds']:.1f} s)")
+    for s in names:  # the exchange's online check, likewise (untimed)
+        if s != AUTO and getattr(trainees[s].model.optimizer, "_hvdo", None) is not None \
+                and not getattr(trainees[s].model.optimizer._hvdo, "settled", True):
+            checked = settled[s] = settle(trainees[s], data)
+            if rank == 0:
+                progress(f"round {job.round + 1}/{cfg.rounds} {s} settled in "
+                         f"{checked['steps']} steps: {checked['choice']}")
     for s in names[r:] + names[:r]:
         mine = trainees[s].run(data, cfg.warmup, cfg.steps)
         every = hvd.allgather_object(mine, name=f"hvdo.bench.{job.round}.{s}")
         samples[s] = [max(step) for step in zip(*every, strict=True)]  # each step: its slowest rank
+        link[s] = hvd.allgather_object(trainees[s].link_bytes_per_step,
+                                       name=f"hvdo.bench.link.{job.round}.{s}")
         times[s] = max(sum(d) / len(d) for d in every)
         if rank == 0:
             progress(f"round {job.round + 1}/{cfg.rounds} {s:<14} {times[s] * 1e3:8.1f} ms/step")
@@ -238,8 +263,8 @@ def run(job: Job) -> dict[str, Any] | None:
     return {"strategies": names, "round": job.round, "ranks": size,
             "global_batch": cfg.batch_size * size, "params": model.count_params(),
             "grad_bytes": gradient_bytes(model), "step_times": times,
-            "step_samples": samples, "timelines": timelines,
-            "auto": chosen,
+            "step_samples": samples, "link_bytes_per_step": link, "timelines": timelines,
+            "auto": chosen, "exchange_checks": settled,
             "optimizer_state_bytes": memory, "clean_process": clean, "plugin_modules": loaded,
             "pinned": pinned is not None, "load_avg_1min": os.getloadavg()[0],
             "horovod_env": {k: v for k, v in sorted(os.environ.items())

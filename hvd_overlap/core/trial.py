@@ -1,0 +1,80 @@
+"""An online check between a few settings of one run: each in turn trains ``warm`` steps (the
+first one retraces) and then ``timed`` steps; the ranks agree on each one's median step; the
+fastest is kept -- the first (the model's choice) unless another is faster by more than
+``margin``. Every rank counts the same steps, so every rank switches at the same step.
+
+Pure Python: the agreement across ranks (an allreduce of a few numbers) is passed in.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+#: how much faster another setting must measure to replace the first (the model's choice)
+MARGIN = 0.01
+
+
+@dataclass
+class Trials:
+    """Which of ``names`` runs now (``current``), what each measured, and whether the check
+    is over (``settled``)."""
+
+    names: Sequence[str]
+    agree: Callable[[list[float]], list[float]]  # the ranks' average of a few numbers
+    warm: int = 2
+    timed: int = 5
+    margin: float = MARGIN
+    forced: str | None = None  # tests: keep this one whatever the timings
+    current: int = 0
+    measured: dict[str, float] = field(default_factory=dict)
+    settled: bool = False
+    _steps: int = 0
+    _samples: list[float] = field(default_factory=list)
+
+    @property
+    def running(self) -> str:
+        return self.names[self.current]
+
+    def observe(self, seconds: float, usable: bool = True) -> str | None:
+        """Count one train step of ``seconds`` (``usable``: a steady one); the setting to
+        switch to now, if any."""
+        if self.settled:
+            return None
+        self._steps += 1
+        if self._steps > self.warm and usable:
+            self._samples.append(seconds)
+        if self._steps < self.warm + self.timed:
+            return None
+        mine = [statistics.median(self._samples), 1.0] if self._samples else [0.0, 0.0]
+        total, timed = self.agree(mine)
+        self.measured[self.running] = total / timed if timed else math.inf
+        self._steps, self._samples = 0, []
+        if self.current + 1 < len(self.names):
+            self.current += 1
+            return self.running
+        self.settled = True
+        best = self.pick()
+        if best == self.running:
+            return None
+        self.current = list(self.names).index(best)
+        return best
+
+    def pick(self) -> str:
+        """The first setting unless another measured faster by more than ``margin``."""
+        if self.forced is not None:
+            return self.forced
+        first = self.names[0]
+        best = min(self.names, key=lambda n: self.measured.get(n, math.inf))
+        if self.measured.get(best, math.inf) * (1 + self.margin) < \
+                self.measured.get(first, math.inf):
+            return best
+        return first
+
+    def describe(self) -> str:
+        """``rows 241.0 ms, gather 485.0 ms: rows`` (after the check)."""
+        parts = ", ".join(f"{n} {self.measured[n] * 1e3:.1f} ms" for n in self.names
+                          if n in self.measured)
+        return f"{parts}: {self.running}" + (" (forced)" if self.forced else "")

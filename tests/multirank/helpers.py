@@ -228,6 +228,15 @@ def stock_reference(model_name: str, opt_name: str) -> Result:
     return _stock_runs[key]
 
 
+def step_for(model: tf.keras.Model, opt):
+    """A custom-loop step of ``model`` with ``opt`` (``minimize`` on a tape)."""
+    def step(xb, yb):
+        with tf.GradientTape() as tape:
+            loss = LOSS(yb, model(xb, training=True))
+        opt.minimize(loss, model.trainable_variables, tape=tape)
+    return step
+
+
 def step_pair(opt_factory: Callable[[], tf.keras.optimizers.Optimizer], wrap_ours,
               model_name: str = "cnn_bn", steps: int = 6):
     """The same custom-loop steps with ``wrap_ours`` (through ``make_train_step``) and with
@@ -239,14 +248,6 @@ def step_pair(opt_factory: Callable[[], tf.keras.optimizers.Optimizer], wrap_our
     ref_model = MODELS[model_name]()
     ref_opt = hvd.DistributedOptimizer(opt_factory())
     x, y = rank_data(model_name, BATCH * steps)
-
-    def step_for(m, o):
-        def step(xb, yb):
-            with tf.GradientTape() as tape:
-                loss = LOSS(yb, m(xb, training=True))
-            o.minimize(loss, m.trainable_variables, tape=tape)
-        return step
-
     run = opt.make_train_step(step_for(model, opt))
     ref_run = tf.function(step_for(ref_model, ref_opt))
     for i in range(steps):

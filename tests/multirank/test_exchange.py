@@ -23,12 +23,13 @@ from tests.multirank.helpers import (
     ours,
     rank_data,
     same_on_all_ranks,
+    step_for,
     stock,
     stock_reference,
     train_fit,
     train_loop,
 )
-from tests.multirank.test_keras_usage import _fit_mixed
+from tests.multirank.test_keras_usage import RecordEvery, _fit_mixed
 
 
 def _exchanged(opt) -> list[str]:
@@ -149,14 +150,6 @@ def test_rows_stay_on_their_rank_until_flush():
     ref_model = MODELS["dense_mix"]()
     ref_opt = hvd.DistributedOptimizer(OPTIMIZERS["adam"]())
     x, y = rank_data("dense_mix", BATCH * 6)
-
-    def step_for(m, o):
-        def step(xb, yb):
-            with tf.GradientTape() as tape:
-                loss = LOSS(yb, m(xb, training=True))
-            o.minimize(loss, m.trainable_variables, tape=tape)
-        return step
-
     run = opt.make_train_step(step_for(model, opt), model)
     ref_run = tf.function(step_for(ref_model, ref_opt))
     for i in range(6):
@@ -180,24 +173,12 @@ def test_rows_stay_on_their_rank_until_flush():
     assert_weights_close(Result(model), Result(ref_model))
 
 
-class _RecordEvery(tf.keras.callbacks.Callback):
-    """Reads the weights every ``n`` batches (as ModelCheckpoint(save_freq=n) saves them)."""
-
-    def __init__(self, n: int):
-        super().__init__()
-        self.n, self.seen = n, []
-
-    def on_train_batch_end(self, batch, logs=None):
-        if (batch + 1) % self.n == 0:
-            self.seen.append([w.copy() for w in self.model.get_weights()])
-
-
 def _fit_recording(wrap, callbacks=()):
     tf.keras.utils.set_random_seed(3)
     model = MODELS["dense_mix"]()
     model.compile(wrap(OPTIMIZERS["sgd_momentum"]()), LOSS)
     x, y = rank_data("dense_mix", BATCH * 12)
-    record = _RecordEvery(5)
+    record = RecordEvery(5)
     model.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0,
               callbacks=[record, *callbacks])  # the recorder first: before the flush
     return record.seen, model.predict(x[:BATCH], verbose=0)

@@ -110,9 +110,8 @@ class ShardedExecutor(NextStepExecutor):
         except kernels whose forward runs on the rows -- those too when ``landing`` (the
         weights are about to be read)."""
         kept = self.exchange.kept(self.state.variables)
-        return [b for b in self.state.layout.buckets if (b.phase == FORWARD and not landing
-                and b.segments[0].index not in kept) or (landing and (
-                    b.phase == FORWARD or b.segments[0].index in kept))]
+        return [b for b in self.state.layout.buckets
+                if (landing if b.segments[0].index in kept else b.phase == FORWARD)]
 
     def _keep_rows(self, bucket: BucketSlices) -> None:
         """Write this rank's updated rows of a kernel into it (no collective)."""

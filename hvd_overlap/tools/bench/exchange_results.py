@@ -25,6 +25,11 @@ def _sent(m: dict[str, Any]) -> str:
     return "-" if not sent else f"{sent / 2**20:.1f}"
 
 
+def _link(m: dict[str, Any]) -> str:
+    link = m.get("link_bytes_per_rank")
+    return "-" if link is None else f"{link / 2**20:.1f}"
+
+
 def markdown(runs: list[dict[str, Any]]) -> str:
     """Ratios to stock, then per run and strategy: vs sharded, MiB sent, rounds."""
     lines = ["# The dense factor exchange, measured", "",
@@ -41,9 +46,11 @@ def markdown(runs: list[dict[str, Any]]) -> str:
              "Per strategy: step time (median of the rounds), ratio to plain `sharded` in the "
              "same run, MiB rank 0 sent per step (Horovod timeline: each collective's logged "
              "size x its algorithm's share; an alltoall's size is not logged, so it is missing), "
-             "and every round's step time:", "",
+             "MiB rank 0's link sent per step (the interface counters: everything, alltoalls "
+             "and TCP/IP headers included; runs before stop 25 did not record it) and every "
+             "round's step time:", "",
              "| model | network | batch/rank | strategy | step ms | vs stock | vs sharded | "
-             "sent MiB | rounds (ms) |", "|---|---|---|---|---|---|---|---|---|"]
+             "sent MiB | link MiB | rounds (ms) |", "|---|---|---|---|---|---|---|---|---|---|"]
     for run in runs:
         c, s = run["raw"]["config"], run["strategies"]
         base = s.get(SHARDED, {}).get("step_time_s")
@@ -54,7 +61,8 @@ def markdown(runs: list[dict[str, Any]]) -> str:
             rounds = ", ".join(f"{x * 1e3:.0f}" for x in m["round_step_times_s"])
             lines.append(f"| {c['model']} | {report.net_label(c)} | {c['batch_size']} | {name} | "
                          f"{t * 1e3:.0f} | {'-' if ratio is None else f'{ratio:.2f}x'} | "
-                         f"{vs_sharded} | {'-' if name == LOCAL else _sent(m)} | {rounds} |")
+                         f"{vs_sharded} | {'-' if name == LOCAL else _sent(m)} | "
+                         f"{'-' if name == LOCAL else _link(m)} | {rounds} |")
     lines += ["", "Runs:", ""]
     for run in runs:
         lines += [f"- {report.headline(run['raw'])}", f"  `{run.get('command', '?')}`"]

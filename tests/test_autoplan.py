@@ -6,11 +6,11 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from hvd_overlap.tools import autoplan
-from hvd_overlap.tools.autoplan import Candidate, choose, splits
+from hvd_overlap.core import autoplan
+from hvd_overlap.core.autoplan import Candidate, choose, splits
+from hvd_overlap.core.simulate import Cluster, Layer, Profile, load_profile, simulate
 from hvd_overlap.tools.cli import main
 from hvd_overlap.tools.scaling import cluster_from_options
-from hvd_overlap.tools.simulate import Cluster, Layer, Profile, load_profile, simulate
 
 MIB = 2**20
 # six 8 MiB layers; 1 GiB/s: an 8 MiB allreduce at P=2 takes ~8 ms, each layer computes 3+6 ms

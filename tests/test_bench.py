@@ -42,6 +42,20 @@ def test_summary_arithmetic():
     assert s[STOCK]["wire_bytes_per_rank"] == 25_602_344  # 2 (P-1)/P = 1 for P = 2
 
 
+def test_summary_step_is_the_median_of_every_round_s_steps():
+    # one round whose mean is spoilt by a stall: the pooled median is the typical step
+    raw = {**RAW, "step_means": {STOCK: [[0.5, 0.5, 2.9], [0.6, 0.5, 0.5], [0.7, 0.5, 0.6]],
+                                 "layerwise": [[0.4], [0.4], [0.5]], LOCAL: []},
+           "step_times": {STOCK: [1.3, 0.53, 0.6], "layerwise": [0.4, 0.4, 0.5],
+                          LOCAL: [0.3, 0.3, 0.3]}}
+    s = report.summarize(raw)
+    assert s[STOCK]["step_time_s"] == pytest.approx(0.5)
+    assert s[STOCK]["mean_step_s"] == pytest.approx(0.6)  # the median of the round means
+    assert s["layerwise"]["ratio_to_stock"] == pytest.approx(0.5 / 0.4)
+    assert s[LOCAL]["step_time_s"] == pytest.approx(0.3)  # no samples: the round means
+    assert "median step over all rounds" in report.headline({**raw, "params": 1})
+
+
 def test_summary_without_reference_or_local():
     s = report.summarize({**RAW, "step_times": {"layerwise": [0.5]}})
     assert s["layerwise"]["ratio_to_stock"] is None and s["layerwise"]["efficiency"] is None

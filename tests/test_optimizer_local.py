@@ -126,11 +126,44 @@ def test_pure_modules_load_neither_tensorflow_nor_horovod():
     import sys
 
     code = ("import sys, hvd_overlap, hvd_overlap.core.plan, hvd_overlap.core.sharding, "
-            "hvd_overlap.core.strategies, hvd_overlap.growth.policy, hvd_overlap.tools.simulate, "
-            "hvd_overlap.tools.scaling, hvd_overlap.tools.autoplan; "
+            "hvd_overlap.core.strategies, hvd_overlap.growth.policy, hvd_overlap.core.simulate, "
+            "hvd_overlap.tools.scaling, hvd_overlap.core.autoplan, hvd_overlap.core.exchange, "
+            "hvd_overlap.core.trial; "
             "print(sorted(m for m in ('tensorflow', 'horovod') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+def _imports(path) -> set[str]:
+    """The modules a source file imports (``from x import y``: ``x``)."""
+    import ast
+
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            out.add(node.module)
+    return out
+
+
+def test_the_runtime_never_imports_the_tools_and_core_imports_only_core():
+    """The layout's rule (docs/architecture.md), read from the source of every module."""
+    from pathlib import Path
+
+    import hvd_overlap
+
+    root = Path(hvd_overlap.__file__).parent
+    for package in ("core", "comm", "keras", "growth"):
+        files = sorted((root / package).rglob("*.py"))
+        assert files, package
+        for f in files:
+            mine = _imports(f)
+            assert not {m for m in mine if m.startswith("hvd_overlap.tools")}, f
+            if package == "core":
+                outside = {m for m in mine if m.split(".")[0] in ("tensorflow", "horovod", "keras")
+                           or m.startswith("hvd_overlap.") and not m.startswith("hvd_overlap.core")}
+                assert not outside, (f, outside)
 
 
 def test_cli_plan_prints_the_plan_of_a_saved_model(tmp_path):
@@ -477,8 +510,8 @@ def test_hybrid_with_no_gradient_in_the_deferred_bucket_counts_each_step_once():
 
 def test_auto_pools_hold_only_what_the_setting_allows():
     from hvd_overlap.comm.planner import var_specs
+    from hvd_overlap.core.autoplan import profile_from_specs
     from hvd_overlap.keras.executors.auto import auto_choices
-    from hvd_overlap.tools.autoplan import profile_from_specs
 
     wide = tf.keras.Sequential([tf.keras.layers.Dense(1024, input_shape=(1024,)),
                                 tf.keras.layers.Dense(1024), tf.keras.layers.Dense(10)])

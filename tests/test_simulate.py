@@ -10,10 +10,7 @@ from click.testing import CliRunner
 
 from hvd_overlap.core.exchange import DenseShape
 from hvd_overlap.core.plan import EXCHANGE, FORWARD, VarSpec, build_layerwise_plan
-from hvd_overlap.tools.cli import main
-from hvd_overlap.tools.flops import dense_kernel, layer_flops
-from hvd_overlap.tools.scaling import parse_duration, parse_ranks, validation_markdown
-from hvd_overlap.tools.simulate import (
+from hvd_overlap.core.simulate import (
     EXCHANGE_STRATEGIES,
     STRATEGIES,
     Cluster,
@@ -27,6 +24,9 @@ from hvd_overlap.tools.simulate import (
     run_step,
     simulate,
 )
+from hvd_overlap.keras.flops import dense_kernel, layer_flops
+from hvd_overlap.tools.cli import main
+from hvd_overlap.tools.scaling import parse_duration, parse_ranks, validation_markdown
 
 # Two layers a -> b, 100 B of gradient each; 100 B/s: an allreduce of 100 B at P=2 takes 1 s.
 TWO = Profile("two", 1, (Layer("a", 1.0, 2.0, 100, tensors=1),

@@ -23,7 +23,7 @@ class Link:
 
     ranks: int
     per_collective_s: float  # a 4-byte allreduce inside a graph
-    bandwidth: float         # bytes/s per rank, as the ring model's (``tools.simulate.Cluster``)
+    bandwidth: float         # bytes/s per rank, as the ring model's (``core.simulate.Cluster``)
 
 
 def _allreduce_seconds(nbytes: int, name: str, repeats: int) -> float:

@@ -4,7 +4,7 @@ Pure Python (no TensorFlow, no Horovod): a strategy is a name, two facts the run
 pick its executor (does it defer buckets into the next step's forward? does it shard the
 update?) and a function from the variables to a :class:`~hvd_overlap.core.plan.Plan`. Everything
 that follows -- which collectives run, in which phase and order -- is read from the plan, by the
-runtime (``hvd_overlap.keras``) and by the simulator (``hvd_overlap.tools.simulate``) alike.
+runtime (``hvd_overlap.keras``) and by the simulator (``hvd_overlap.core.simulate``) alike.
 """
 
 from __future__ import annotations

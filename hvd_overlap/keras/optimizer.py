@@ -17,6 +17,7 @@ import horovod.tensorflow as hvd
 
 from hvd_overlap.comm.methods import CommSettings, GradientMethod, SliceMethod, default_method
 from hvd_overlap.comm.planner import Planner
+from hvd_overlap.core.autoplan import Candidate
 from hvd_overlap.core.plan import DEFAULT_BUCKET_BYTES, Plan
 from hvd_overlap.core.sharding import ShardLayout
 from hvd_overlap.core.strategies import PlanOptions, get_strategy
@@ -31,7 +32,6 @@ from hvd_overlap.keras.validation import (
     validate_exchange,
     validate_sharding,
 )
-from hvd_overlap.tools.autoplan import Candidate
 
 _counter = itertools.count()
 
@@ -323,7 +323,7 @@ def DistributedOptimizer(  # noqa: N802 -- same name as Horovod's factory
 
     if tuned:
         probe, pool, label = auto_choices(optimizer, strategy, bucket_bytes, defer)
-        wrapped._hvdo = AutoExecutor(wrapped, plain, None, executor, probe, pool, settings,
+        wrapped._hvdo = AutoExecutor(wrapped, plain, executor, probe, pool, settings,
                                      label)
     else:
         wrapped._hvdo = executor(Candidate(strategy, bucket_bytes, defer))

@@ -5,8 +5,8 @@ from __future__ import annotations
 import click
 
 from hvd_overlap.core.plan import DEFAULT_BUCKET_BYTES
+from hvd_overlap.core.simulate import STRATEGIES as SIM_STRATEGIES
 from hvd_overlap.tools.bench.config import MODEL_NAMES, BenchConfig
-from hvd_overlap.tools.simulate import STRATEGIES as SIM_STRATEGIES
 
 
 @click.group()
@@ -303,8 +303,9 @@ def simulate(profile_paths: tuple[str, ...], np_: str, bandwidth: str, latency: 
     from dataclasses import replace
     from pathlib import Path
 
-    from hvd_overlap.tools import autoplan, scaling
-    from hvd_overlap.tools import simulate as sim
+    from hvd_overlap.core import autoplan
+    from hvd_overlap.core import simulate as sim
+    from hvd_overlap.tools import scaling
 
     if validate:
         if not profile_paths:
@@ -417,8 +418,9 @@ def auto_grid(profile_paths: tuple[str, ...], np_: str, bandwidths: str, latenci
     over stock Horovod (default PROFILEs: vgg16, resnet50, resnet101)."""
     from pathlib import Path
 
-    from hvd_overlap.tools import autoplan, scaling
-    from hvd_overlap.tools import simulate as sim
+    from hvd_overlap.core import autoplan
+    from hvd_overlap.core import simulate as sim
+    from hvd_overlap.tools import scaling
 
     names = profile_paths or ("vgg16", "resnet50", "resnet101")
     try:

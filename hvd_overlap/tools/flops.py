@@ -14,7 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from hvd_overlap.tools.simulate import Layer, Profile
+from hvd_overlap.core.simulate import Layer, Profile
+from hvd_overlap.keras.flops import dense_kernel, layer_flops, shape_of
 
 APPLICATIONS = ("resnet50", "resnet101", "vgg16")
 UPDATE_FLOPS_PER_PARAM = 4  # SGD with momentum: ~2 multiply-adds per parameter
@@ -30,55 +31,6 @@ def build_application(name: str, image_size: int = 224):
     if name not in apps:
         raise ValueError(f"unknown application {name!r}; choose one of {', '.join(apps)}")
     return apps[name](weights=None, input_shape=(image_size, image_size, 3), classes=1000)
-
-
-def _shape(s: Any) -> tuple[int, ...]:
-    """One output shape without the batch dimension (the first of several)."""
-    if isinstance(s, list):
-        s = s[0]
-    return tuple(int(d) for d in s[1:])
-
-
-def layer_flops(layer: Any, batch: int) -> float:
-    """Forward FLOPs of ``layer`` on a batch of ``batch`` samples."""
-    import tensorflow as tf
-
-    L = tf.keras.layers
-    out = _shape(layer.output_shape)
-    elements = float(np.prod(out)) if out else 1.0
-    if isinstance(layer, L.DepthwiseConv2D):
-        kh, kw = layer.kernel_size
-        return batch * elements * 2 * kh * kw
-    if isinstance(layer, L.Conv2D):  # also Conv2DTranspose (same count)
-        kh, kw = layer.kernel_size
-        cin = int(layer.kernel.shape[-2]) if not isinstance(layer, L.Conv2DTranspose) \
-            else int(layer.kernel.shape[-1])
-        bias = 1 if layer.use_bias else 0
-        return batch * elements * (2 * kh * kw * cin + bias)
-    if isinstance(layer, L.Dense):
-        fan_in = int(layer.kernel.shape[0])
-        return batch * elements * (2 * fan_in + (1 if layer.use_bias else 0))
-    if isinstance(layer, L.MaxPooling2D | L.AveragePooling2D):
-        ph, pw = layer.pool_size
-        return batch * elements * ph * pw
-    if isinstance(layer, L.BatchNormalization):
-        return batch * elements * 4
-    return batch * elements  # activations, Add, padding, flatten, global pooling (approx.)
-
-
-def dense_kernel(layer: Any) -> tuple[int, int] | None:
-    """``(n_in, n_out)`` of a ``Dense`` layer applied to rows (a 2-D input): a kernel the factor
-    exchange can carry (``Layer.dense``); None for any other layer (or a frozen one)."""
-    import tensorflow as tf
-
-    if not isinstance(layer, tf.keras.layers.Dense) or not layer.trainable:
-        return None
-    try:
-        rows = len(_shape(layer.input_shape)) == 1
-    except (AttributeError, RuntimeError):  # not called yet, or called on several shapes
-        return None
-    n_in, n_out = (int(d) for d in layer.kernel.shape)
-    return (n_in, n_out) if rows else None
 
 
 def flops_profile(model: Any, batch_size: int, device_tflops: float,
@@ -108,7 +60,7 @@ def flops_profile(model: Any, batch_size: int, device_tflops: float,
         model=name or model.name, batch_size=batch_size, layers=tuple(layers),
         update_s=params * UPDATE_FLOPS_PER_PARAM / rate,
         meta={"source": "flops", "device_tflops": device_tflops,
-              "input_shape": list(_shape(model.input_shape)), "trainable_params": params,
+              "input_shape": list(shape_of(model.input_shape)), "trainable_params": params,
               "total_params": int(model.count_params()),
               "forward_flops": sum(la.flops or 0.0 for la in layers),
               "note": "compute = FLOPs / device rate; backward = 2 x forward (1 x for layers "

@@ -182,13 +182,13 @@ def measure_step(model, sample_x, repeats: int = 5) -> tuple[float, float]:
 
 
 def measured_profile(model, sample_x, repeats: int = 5, name: str | None = None):
-    """A ``hvd_overlap.tools.simulate.Profile`` of ``model`` measured here on ``sample_x``:
+    """A ``hvd_overlap.core.simulate.Profile`` of ``model`` measured here on ``sample_x``:
     per-layer forward/backward medians, exact gradient bytes, the update time, the whole step's
     time."""
     import numpy as np
 
-    from hvd_overlap.tools.flops import dense_kernel
-    from hvd_overlap.tools.simulate import Layer, Profile
+    from hvd_overlap.core.simulate import Layer, Profile
+    from hvd_overlap.keras.flops import dense_kernel
 
     times = profile_layers(model, sample_x, repeats)
     step_s, update_s = measure_step(model, sample_x, repeats)

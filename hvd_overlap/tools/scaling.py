@@ -12,8 +12,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from hvd_overlap.tools.profile import parse_bandwidth
-from hvd_overlap.tools.simulate import (
+from hvd_overlap.core.simulate import (
     RUNTIME_STRATEGIES,
     SHIPPED,
     STRATEGIES,
@@ -23,6 +22,7 @@ from hvd_overlap.tools.simulate import (
     load_profile,
     simulate,
 )
+from hvd_overlap.tools.profile import parse_bandwidth
 
 OVERHEADS = SHIPPED / "overheads-gloo-2rank.json"
 OVERHEADS_FORMAT = "hvd-overlap-overheads/1"
@@ -120,7 +120,7 @@ def bench_profile_name(model: str, batch: int) -> str:
     """The shipped measured profile of a bench model (``hvd-overlap profile``): the one of
     ``batch`` if shipped, else the model's at another batch (validation rescales a profile's
     compute to the run's ``local`` time anyway: the profile gives the layers' shares)."""
-    from hvd_overlap.tools.simulate import shipped_profiles
+    from hvd_overlap.core.simulate import shipped_profiles
 
     exact = f"{model}-b{batch}-cpu"
     others = sorted(p for p in shipped_profiles()

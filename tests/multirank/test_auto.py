@@ -10,8 +10,8 @@ import tensorflow as tf
 
 import hvd_overlap.keras as hvdo
 from hvd_overlap import DEFAULT_BUCKET_BYTES
+from hvd_overlap.core.autoplan import Candidate
 from hvd_overlap.keras.executors import auto
-from hvd_overlap.tools.autoplan import Candidate
 from tests.multirank.helpers import (
     EPOCHS,
     ModelCheckpointInTmp,

@@ -7,10 +7,12 @@ time, by the simulator's prediction and then by measurement.
 2. Between two steps, on every rank: a few collectives measure the link, the model's variables
    (and the FLOPs of its layers, when ``OverlapCallback`` gave the model) make a profile whose
    compute is fitted so the simulator reproduces the probe's measured step, and the simulator
-   ranks every candidate (``hvd_overlap.tools.autoplan``).
-3. The predicted best and the best of another strategy each get a trial of the same length;
-   the fastest measured plan is kept (the probe unless another is faster by more than
-   ``MEASURED_MARGIN``), and rank 0 logs the choice with the reason, once.
+   ranks every candidate (``hvd_overlap.core.autoplan``).
+3. The predicted best and the best of another strategy each get a trial of the same length,
+   then the probe a second one (its first ran in the process's first steps, which stall more
+   often; this one replaces it); the fastest measured plan is kept (the probe unless another
+   is faster by more than ``MEASURED_MARGIN``), and rank 0 logs the choice with the reason,
+   once.
 
 A trial ends after a fixed number of steps, the same on every rank whatever each rank could
 time, and its timing is averaged over the ranks before it is compared: every rank takes the
@@ -24,7 +26,6 @@ from __future__ import annotations
 
 import math
 import sys
-import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
@@ -36,17 +37,17 @@ import tensorflow as tf
 from hvd_overlap.comm.link import agree, measure_link
 from hvd_overlap.comm.methods import Grad, GradientMethod, SliceMethod
 from hvd_overlap.comm.planner import Planner
+from hvd_overlap.core import autoplan
+from hvd_overlap.core.autoplan import Candidate
 from hvd_overlap.core.plan import Plan, layer_of
+from hvd_overlap.core.simulate import Cluster
 from hvd_overlap.keras.executors.base import Executor, Plain
 from hvd_overlap.keras.executors.forward_phase import ForwardPhase
-from hvd_overlap.tools import autoplan
-from hvd_overlap.tools.autoplan import Candidate
-from hvd_overlap.tools.simulate import Cluster
 
 #: steps of a trial: room for a deferring plan's two traced steps and the step after them...
 WARM_STEPS = 3
 #: ...then the steps it is timed over
-TRIAL_STEPS = 5
+TRIAL_STEPS = 7
 #: steps not timed after a step that traced (a deferring plan's first steady step follows)
 SKIP_AFTER_TRACE = 1
 
@@ -55,7 +56,7 @@ def layer_flops_by_name(model: Any) -> dict[str, float]:
     """Forward FLOPs at batch 1 of every layer with trainable weights, by the layer name its
     variables carry (``core.plan.layer_of``); a layer without weights adds its FLOPs to the next
     one that has some. Layers whose shapes are unknown (subclassed models) are left out."""
-    from hvd_overlap.tools.flops import layer_flops
+    from hvd_overlap.keras.flops import layer_flops
 
     out: dict[str, float] = {}
     carried = 0.0
@@ -97,10 +98,10 @@ class AutoExecutor(Executor):
 
     defers = True  # a candidate may defer: OverlapCallback / make_train_step install its phase
 
-    def __init__(self, opt: Any, plain: Plain, planner: Planner, child: Callable[[Candidate],
-                 Executor], probe: Candidate, pool: Callable[[autoplan.Profile], Sequence[
-                     Candidate]], settings: Any, label: str):
-        super().__init__(opt, plain, planner, None, settings)  # type: ignore[arg-type]
+    def __init__(self, opt: Any, plain: Plain, child: Callable[[Candidate], Executor],
+                 probe: Candidate, pool: Callable[[autoplan.Profile], Sequence[Candidate]],
+                 settings: Any, label: str):
+        super().__init__(opt, plain, None, None, settings)
         self._make_child = child
         self._children: dict[Candidate, Executor] = {}
         self.probe = probe
@@ -109,6 +110,7 @@ class AutoExecutor(Executor):
         self.current = probe
         self.measured: dict[Candidate, float] = {}
         self.queue: list[Candidate] | None = None   # None: the model has not ranked yet
+        self.first_probe_s: float | None = None     # the probe's first trial (fits the model)
         self.forced_trials: list[Candidate] | None = None  # tests: measure these instead
         self.settled = False
         self.reason = f"measuring {probe.describe()} first"
@@ -124,7 +126,6 @@ class AutoExecutor(Executor):
         self.switches = 0
         self.predicted: dict[Candidate, float] = {}  # the simulator's step of each candidate
         self._marks = ForwardPhase("auto")  # which graphs run the pre-forward phase
-        self._warned = False
 
     # -- the executor in use ---------------------------------------------------------------
 
@@ -152,10 +153,6 @@ class AutoExecutor(Executor):
     def planner(self) -> Planner:  # type: ignore[override]
         return self.child().planner
 
-    @planner.setter
-    def planner(self, value: Planner) -> None:
-        pass  # the base class's constructor sets it; the children own theirs
-
     def set_method(self, method: GradientMethod | SliceMethod) -> None:
         raise ValueError("strategy='auto' chooses how buckets travel; to register a bucket "
                          "method, pass a strategy (e.g. strategy='layerwise')")
@@ -167,15 +164,8 @@ class AutoExecutor(Executor):
     def apply_gradients(self, grads: list[Grad], variables: list[tf.Variable],
                         args: tuple, kwargs: dict, reduced: bool = False) -> Any:
         self.traces += 1  # Python runs here only while a train function is traced
-        if not self._marks.installed() and not self._warned:
-            self._warned = True
-            if hvd.rank() == 0:
-                warnings.warn(
-                    "hvd_overlap: strategy='auto' ran a step without OverlapCallback / "
-                    "make_train_step, so it cannot time its plans: it keeps "
-                    f"{self.current.describe()}. Add hvd_overlap.keras.OverlapCallback() to "
-                    "model.fit's callbacks, or build custom-loop steps with "
-                    "opt.make_train_step(step_fn, model=model).", stacklevel=4)
+        if not self._marks.installed():
+            self._marks.warn_once(f"it cannot time its plans: it keeps {self.current.describe()}")
         return self.child().apply_gradients(grads, variables, args, kwargs, reduced=reduced)
 
     def reduce_now(self, grads: list[Grad], variables: list[tf.Variable]) -> list[Grad]:
@@ -229,7 +219,11 @@ class AutoExecutor(Executor):
             step = total / timed
         self.measured[self.current] = step
         if self.queue is None:
-            self.queue = self._rank(step)
+            self.first_probe_s = step
+            trials = self._rank(step)
+            # the probe once more, last: its first trial ran in the process's first steps,
+            # which stall more often than later ones; every plan compared is then a later one
+            self.queue = trials + [self.probe] if trials else []
         if self.queue:
             self._switch(self.queue.pop(0))
             return
@@ -275,7 +269,9 @@ class AutoExecutor(Executor):
         return (f"measured {self.measured[best] * 1e3:.1f} vs {self.probe.describe()} "
                 f"{ref * 1e3:.1f} ms/step ({ref / self.measured[best]:.2f}x"
                 + (f"; predicted {said * 1e3:.1f} ms" if said is not None else "")
-                + "); measured: " + ", ".join(parts))
+                + "); measured: " + ", ".join(parts)
+                + (f" ({self.probe.describe()}'s first trial: {self.first_probe_s * 1e3:.1f} ms)"
+                   if self.first_probe_s is not None and len(self.measured) > 1 else ""))
 
     def _switch(self, c: Candidate) -> None:
         """Run ``c`` from the next step: land what the current plan left pending (every rank),

@@ -38,11 +38,12 @@ class Executor:
 
     defers = False  # True: updates land in the next step's pre-forward phase (OverlapCallback)
 
-    def __init__(self, opt: Any, plain: Plain, planner: Planner,
-                 method: GradientMethod | SliceMethod, settings: CommSettings):
+    def __init__(self, opt: Any, plain: Plain, planner: Planner | None,
+                 method: GradientMethod | SliceMethod | None, settings: CommSettings):
         self.opt = opt
         self.plain = plain
-        self.planner = planner
+        if planner is not None:  # None: a delegating executor (auto) reads its child's
+            self.planner = planner
         self.method = method
         self.settings = settings
         self.local_compute = False    # inside minimize: compute_gradients stays local

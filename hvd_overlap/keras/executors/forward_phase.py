@@ -58,19 +58,24 @@ class ForwardPhase:
         update now -- exact, without the overlap with the next forward -- with one warning
         (rank 0) naming how to get the overlap back; and it checks that nothing was left
         pending by an earlier step, since this step's forward could not have seen it."""
-        if self.installed():
-            return True
+        return self.installed() or not self.warn_once(
+            "the step's update lands within the step (exact, but without the overlap with the "
+            "next forward)")
+
+    def warn_once(self, consequence: str) -> bool:
+        """Say once (rank 0) that a step ran without the pre-forward phase, ``consequence``,
+        and how to install it. True (so ``can_defer`` reads as a rule)."""
         if not self._warned:
             self._warned = True
             if hvd.rank() == 0:
                 warnings.warn(
                     f"hvd_overlap: strategy {self.strategy!r} ran a step without its pre-forward "
-                    "phase, so the step's update lands within the step (exact, but without the "
-                    "overlap with the next forward). To overlap: add hvd_overlap.keras."
+                    f"phase, so {consequence}. To get it: add hvd_overlap.keras."
                     "OverlapCallback() to model.fit's callbacks, or build custom-loop steps with "
-                    "opt.make_train_step(step_fn) (then call opt.flush() before reading weights)."
-                    " train_on_batch has no such hook: it always falls back.", stacklevel=4)
-        return False
+                    "opt.make_train_step(step_fn, model=model) (then call opt.flush() before "
+                    "reading weights). train_on_batch has no such hook: it always falls back.",
+                    stacklevel=5)
+        return True
 
     def assert_not_pending(self) -> list:
         """An op (empty before the first step) that fails on every rank alike -- ``pending``

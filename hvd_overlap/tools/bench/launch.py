@@ -143,11 +143,13 @@ def merge(cfg: BenchConfig, launches: list[dict[str, Any]]) -> dict[str, Any]:
     first = launches[0]
     times: dict[str, list[float]] = {s: [] for s in cfg.strategies}
     samples: dict[str, list[list[float]]] = {s: [] for s in cfg.strategies}
+    means: dict[str, list[list[float]]] = {s: [] for s in cfg.strategies}
     link: dict[str, list[list[float | None]]] = {s: [] for s in cfg.strategies}
     for raw in launches:
         for s, t in raw["step_times"].items():
             times[s].append(t)
             samples[s].append(raw["step_samples"][s])
+            means[s].append(raw["step_means"][s])
             link[s].append(raw["link_bytes_per_step"][s])
     wire = {s: wire_time_per_step(path, cfg.steps)
             for raw in launches for s, path in raw["timelines"].items()}
@@ -157,7 +159,7 @@ def merge(cfg: BenchConfig, launches: list[dict[str, Any]]) -> dict[str, Any]:
     return {"config": json.loads(cfg.to_json()), "ranks": first["ranks"],
             "global_batch": first["global_batch"], "params": first["params"],
             "grad_bytes": first["grad_bytes"], "step_times": times,
-            "step_samples": samples, "link_bytes_per_step": link,
+            "step_samples": samples, "step_means": means, "link_bytes_per_step": link,
             "wire_time_per_step_s": {s: w and w["all"] for s, w in wire.items()},
             "wire_by_collective_s": wire, "optimizer_state_bytes": memory,
             "sent_bytes_per_step": sent,

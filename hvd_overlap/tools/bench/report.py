@@ -1,6 +1,14 @@
 """From raw step times (``worker.run``) to the numbers, the table, the JSON and the plot.
 
-Per strategy: ``step_time_s`` is the median over rounds of the mean timed step (slowest rank);
+Per strategy: ``step_time_s`` is the median over every timed step of every round of the step's
+duration averaged over the ranks (``step_means``; results written before they were recorded:
+the median over rounds of each round's mean step at its slowest rank). Why the median: on this
+kind of shared 2-core machine a step now and then stalls for 100-800 ms in every strategy
+alike, the compute-only one included, and a mean over 10 steps is decided by how many stalls it
+caught. Why the ranks' mean of a step, not its slowest rank: ranks in lockstep see the same
+total time, but one rank's step can end earlier and its next one last longer (it waits); the
+slowest rank of each step would count that wait twice. ``mean_step_s`` keeps the median over
+rounds of the mean step (slowest rank) beside it.
 ``samples_per_sec`` = global batch / step time; ``ratio_to_stock`` = the step time of real stock
 Horovod (``stock``: ``hvd.DistributedOptimizer`` in processes that never imported the plugin) /
 this one (> 1 is faster); ``efficiency`` = compute-only (``local``) step time / this one.
@@ -39,7 +47,7 @@ Summary = dict[str, dict[str, Any]]
 
 def summarize(raw: dict[str, Any]) -> Summary:
     """The per-strategy numbers, keyed by strategy, in the order measured."""
-    steps = {s: statistics.median(t) for s, t in raw["step_times"].items()}
+    steps = {s: step_time(raw, s) for s in raw["step_times"]}
     ranks, grad = raw["ranks"], raw["grad_bytes"]
     out: Summary = {}
     for s, t in steps.items():
@@ -53,6 +61,7 @@ def summarize(raw: dict[str, Any]) -> Summary:
             "wire_bytes_per_rank": round(sent * 2 * (ranks - 1) / ranks),
             "sent_bytes_per_rank": (raw.get("sent_bytes_per_step") or {}).get(s),
             "link_bytes_per_rank": link_bytes(raw, s),
+            "mean_step_s": statistics.median(raw["step_times"][s]),
             "round_step_times_s": list(raw["step_times"][s]),
             "wire_s": raw.get("wire_time_per_step_s", {}).get(s),
             "hidden": hidden_fraction(t, steps.get(LOCAL), raw.get(
@@ -61,6 +70,15 @@ def summarize(raw: dict[str, Any]) -> Summary:
             **phase_hidden(t, steps.get(LOCAL), (raw.get("wire_by_collective_s") or {}).get(s)),
         }
     return out
+
+
+def step_time(raw: dict[str, Any], strategy: str) -> float:
+    """The strategy's step: the median over every round's timed steps of each step's duration
+    averaged over the ranks; the median over rounds of the mean step if no steps were
+    recorded."""
+    rounds = (raw.get("step_means") or {}).get(strategy) or []
+    pooled = [t for r in rounds for t in r]
+    return statistics.median(pooled) if pooled else statistics.median(raw["step_times"][strategy])
 
 
 def link_bytes(raw: dict[str, Any], strategy: str) -> float | None:
@@ -127,7 +145,9 @@ def headline(raw: dict[str, Any]) -> str:
             f"{c['batch_size']}/rank, net {net_label(c)}, "
             f"{'pinned' if raw['pinned'] else 'unpinned'};"
             f" {c['rounds']} interleaved rounds x {c['steps']} timed steps "
-            f"({c['warmup']} warm-up excluded); median over rounds"
+            f"({c['warmup']} warm-up excluded); "
+            + ("median step over all rounds" if raw.get("step_means")
+               else "median over rounds of the mean step")
             + (f"; host load {raw['load_avg_1min']:.1f} at the end" if "load_avg_1min" in raw
                else "")
             + ("" if raw.get("clean_baseline", True) else

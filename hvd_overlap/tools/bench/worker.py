@@ -218,6 +218,7 @@ def run(job: Job) -> dict[str, Any] | None:
     r = job.round % len(names)
     times: dict[str, float] = {}
     samples: dict[str, list[float]] = {}
+    means: dict[str, list[float]] = {}
     link: dict[str, list[float | None]] = {}  # per rank: bytes its link sent per timed step
     timelines: dict[str, str] = {}
     trainees = {s: Trainee(s, cfg) for s in names}
@@ -238,7 +239,9 @@ def run(job: Job) -> dict[str, Any] | None:
     for s in names[r:] + names[:r]:
         mine = trainees[s].run(data, cfg.warmup, cfg.steps)
         every = hvd.allgather_object(mine, name=f"hvdo.bench.{job.round}.{s}")
-        samples[s] = [max(step) for step in zip(*every, strict=True)]  # each step: its slowest rank
+        per_step = list(zip(*every, strict=True))
+        samples[s] = [max(step) for step in per_step]  # each step: its slowest rank
+        means[s] = [sum(step) / len(step) for step in per_step]  # each step: the ranks' mean
         link[s] = hvd.allgather_object(trainees[s].link_bytes_per_step,
                                        name=f"hvdo.bench.link.{job.round}.{s}")
         times[s] = max(sum(d) / len(d) for d in every)
@@ -263,7 +266,8 @@ def run(job: Job) -> dict[str, Any] | None:
     return {"strategies": names, "round": job.round, "ranks": size,
             "global_batch": cfg.batch_size * size, "params": model.count_params(),
             "grad_bytes": gradient_bytes(model), "step_times": times,
-            "step_samples": samples, "link_bytes_per_step": link, "timelines": timelines,
+            "step_samples": samples, "step_means": means, "link_bytes_per_step": link,
+            "timelines": timelines,
             "auto": chosen, "exchange_checks": settled,
             "optimizer_state_bytes": memory, "clean_process": clean, "plugin_modules": loaded,
             "pinned": pinned is not None, "load_avg_1min": os.getloadavg()[0],

@@ -168,7 +168,7 @@ class Profile:
 
 
 def shipped_profiles() -> list[str]:
-    """Names of the profiles that ship with the package (``hvd_overlap/tools/profiles``)."""
+    """Names of the profiles that ship with the package (``hvd_overlap/core/profiles``)."""
     return sorted(p.stem for p in SHIPPED.glob("*.json") if not p.stem.startswith("overheads"))
 
 

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from hvd_overlap.core.plan import VarSpec, build_layerwise_plan, fmt_bytes, input_side_share
-from hvd_overlap.tools.simulate import Cluster, Layer, Profile, StepResult, _specs, simulate
+from hvd_overlap.core.simulate import Cluster, Layer, Profile, StepResult, _specs, simulate
 
 MIB = 2**20
 #: bucket byte budgets tried for the plan-based candidates

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from hvd_overlap import STRATEGIES
 from hvd_overlap.tools.bench import LOCAL, BenchConfig, launch, report
-from hvd_overlap.tools.bench.config import MODEL_NAMES, STOCK
+from hvd_overlap.tools.bench.config import AUTO, MODEL_NAMES, STOCK
 from hvd_overlap.tools.cli import main
 from hvd_overlap.tools.models import MODELS
 from hvd_overlap.tools.netns import (
@@ -144,6 +144,10 @@ def test_launch_plan_runs_the_clean_baseline_in_launches_of_its_own():
     assert plan == [(0, clean), (0, plugin), (1, plugin), (1, clean), (2, clean), (2, plugin)]
     assert launch.launch_plan(BenchConfig(strategies=("layerwise",), rounds=2)) == [
         (0, ("layerwise",)), (1, ("layerwise",))]
+    alone = launch.launch_plan(BenchConfig(strategies=(STOCK, "layerwise", LOCAL), rounds=2,
+                                           one_per_launch=True))
+    assert alone == [(0, (STOCK,)), (0, ("layerwise",)), (0, (LOCAL,)),
+                     (1, ("layerwise",)), (1, (LOCAL,)), (1, (STOCK,))]
 
 
 def test_a_clean_process_refuses_to_have_loaded_the_plugin():
@@ -241,10 +245,12 @@ def test_end_to_end_auto_chooses_before_timing(tmp_path):
     result = CliRunner().invoke(main, [
         "bench", "--model", "mlp", "--tiny", "--np", "2", "--batch-size", "8", "--steps", "3",
         "--warmup", "1", "--rounds", "1", "--timeout", "300", "--strategies", "stock,auto",
-        "--json", str(out)])
+        "--one-per-launch", "--json", str(out)])
     assert result.exit_code == 0, result.output
     doc = json.loads(out.read_text())
     assert doc["strategies"]["auto"]["ratio_to_stock"] > 0
+    assert [x["strategies"] for x in doc["raw"]["launches"]] == [[STOCK], [AUTO]]
+    assert doc["raw"]["clean_baseline"] and "each strategy in its own launch" in result.output
     (pick,) = doc["raw"]["auto_choices"]
     assert pick["settled"] and pick["steps"] >= 10 and len(pick["measured_ms"]) == 3
     assert pick["choice"] in pick["measured_ms"]
@@ -277,3 +283,21 @@ def test_ratio_table_one_row_per_run_best_in_bold():
     assert table[0].split("|")[7:9] == [" layerwise ", " hybrid "]
     assert table[2] == "| vgg | 1gbit loopback | 64 | 400 | 800 | - | **1.33x** | 0.89x |"
     assert "Ratios to stock Horovod" in markdown([run])
+
+
+def test_auto_results_rows_ratios_and_rounds():
+    from hvd_overlap.tools.bench import auto_results
+
+    raw = {**RAW, "step_times": {STOCK: [0.8] * 2, "layerwise": [0.5] * 2, AUTO: [0.6] * 2,
+                                 LOCAL: [0.4] * 2},
+           "step_means": {STOCK: [[0.8, 0.8], [1.0, 1.0]], "layerwise": [[0.5], [0.5]],
+                          AUTO: [[0.4, 0.4], [0.5, 0.5]], LOCAL: [[0.3], [0.3]]},
+           "auto_choices": [{"round": 0, "choice": "layerwise, 1.0MiB buckets", "steps": 40},
+                            {"round": 1, "choice": "layerwise, 1.0MiB buckets", "steps": 40}]}
+    row = auto_results.row({"strategies": report.summarize(raw), "raw": raw})
+    assert row["best"] == "layerwise" and row["vs_best"] == pytest.approx(0.5 / 0.45)
+    assert row["vs_stock"] == pytest.approx(0.9 / 0.45)  # pooled medians: 0.9 and 0.45
+    assert row["vs_stock_rounds"] == pytest.approx([2.0, 2.0])
+    text = auto_results.markdown([{"strategies": report.summarize(raw), "raw": raw}])
+    assert "| 2.00x | 2.00, 2.00 | 1.11x | layerwise, 1.0MiB buckets (2/2) |" in text
+    assert "runs with auto >= 0.98x stock: 1 of 1; within 3% of the best fixed: 1 of 1" in text

@@ -112,13 +112,17 @@ def timeline(timeline_file: str, limit: int, per_step: int | None, plot_path: st
               "full-duplex links (hosts), or every rank on one shaped loopback (loopback)")
 @click.option("--no-pin", is_flag=True, help="do not pin each rank to its own core(s)")
 @click.option("--tiny", is_flag=True, help="widths / 16 (smoke tests)")
+@click.option("--one-per-launch", is_flag=True,
+              help="every strategy in a launch (process) of its own, as stock's, instead of "
+                   "the plugin's strategies sharing one launch per round")
 @click.option("--timeout", type=float, default=1800, show_default=True,
               help="seconds before the launch is stopped")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="write numbers here")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="bar chart (.png)")
 def bench(model: str, np_: int, batch_size: int, steps: int, warmup: int, rounds: int,
           strategies: str | None, net: str, net_model: str, no_pin: bool, tiny: bool,
-          timeout: float, json_path: str | None, plot_path: str | None) -> None:
+          one_per_launch: bool, timeout: float, json_path: str | None,
+          plot_path: str | None) -> None:
     """Measure every strategy against real stock Horovod (`stock`, in processes that never
     import the plugin) and the compute-only bound (`local`), interleaved."""
     from hvd_overlap.tools.bench import launch, report
@@ -128,7 +132,7 @@ def bench(model: str, np_: int, batch_size: int, steps: int, warmup: int, rounds
     try:
         cfg = BenchConfig(model=model, np=np_, batch_size=batch_size, steps=steps,
                           warmup=warmup, rounds=rounds, net=net, net_model=net_model,
-                          pin=not no_pin, tiny=tiny,
+                          pin=not no_pin, tiny=tiny, one_per_launch=one_per_launch,
                           timeout=timeout, **fields).validate()
     except ValueError as e:
         raise click.UsageError(str(e)) from None

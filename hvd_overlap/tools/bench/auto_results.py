@@ -28,8 +28,21 @@ def row(run: dict[str, Any]) -> dict[str, Any]:
             "stock": fixed[STOCK], "wire": s[STOCK].get("wire_s"), "best": best,
             "best_s": fixed[best], "auto": auto, "vs_stock": fixed[STOCK] / auto,
             "vs_best": fixed[best] / auto,
+            "vs_stock_rounds": round_ratios(raw, STOCK, AUTO),
             "picks": [p["choice"] for p in raw.get("auto_choices", [])],
             "settle_steps": [p["steps"] for p in raw.get("auto_choices", [])]}
+
+
+def round_ratios(raw: dict[str, Any], reference: str, strategy: str) -> list[float]:
+    """``reference``'s step / ``strategy``'s in each round (each the median of the round's
+    steps, ranks averaged): how much the ratio moves from round to round. Empty without
+    ``step_means``."""
+    import statistics
+
+    means = raw.get("step_means") or {}
+    return [statistics.median(a) / statistics.median(b)
+            for a, b in zip(means.get(reference, []), means.get(strategy, []), strict=False)
+            if a and b]
 
 
 def markdown(runs: list[dict[str, Any]]) -> str:
@@ -41,8 +54,8 @@ def markdown(runs: list[dict[str, Any]]) -> str:
 
     lines = [
         "| model | network | batch/rank | local ms | stock ms | stock wire ms | best fixed "
-        "(ms) | auto ms | auto / stock | auto / best fixed | auto's pick per round |",
-        "|---|---|---|---|---|---|---|---|---|---|---|"]
+        "(ms) | auto ms | auto / stock | per round | auto / best fixed | auto's pick per round |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         c = r["config"]
         counts = {p: r["picks"].count(p) for p in dict.fromkeys(r["picks"])}
@@ -50,7 +63,9 @@ def markdown(runs: list[dict[str, Any]]) -> str:
         lines.append(
             f"| {c['model']} | {report.net_label(c)} | {c['batch_size']} | {ms(r['local'])} | "
             f"{ms(r['stock'])} | {ms(r['wire'])} | {r['best']} ({ms(r['best_s'])}) | "
-            f"{ms(r['auto'])} | {r['vs_stock']:.2f}x | {r['vs_best']:.2f}x | {picks} |")
+            f"{ms(r['auto'])} | {r['vs_stock']:.2f}x | "
+            f"{', '.join(f'{x:.2f}' for x in r['vs_stock_rounds']) or '-'} | "
+            f"{r['vs_best']:.2f}x | {picks} |")
     if rows:
         worst_stock = min(rows, key=lambda r: r["vs_stock"])
         worst_best = min(rows, key=lambda r: r["vs_best"])

@@ -53,7 +53,9 @@ class BenchConfig:
     """What to measure. ``batch_size`` is per rank; ``steps`` are timed per round and strategy,
     after ``warmup`` untimed ones; ``net`` is ``plain`` (this machine's loopback, unshaped) or a
     tc rate (``1gbit``) of the emulated network ``net_model`` (``hosts`` or ``loopback``, see
-    ``hvd_overlap.tools.netns``)."""
+    ``hvd_overlap.tools.netns``). ``one_per_launch``: every strategy in a launch of its own
+    (otherwise the plugin's strategies share one launch per round, and stock and local
+    another)."""
 
     model: str = "vgg"
     np: int = 2
@@ -68,6 +70,7 @@ class BenchConfig:
     tiny: bool = False
     seed: int = 0
     timeout: float = 1800.0
+    one_per_launch: bool = False
 
     def validate(self) -> BenchConfig:
         """Raise ValueError naming the bad setting; return self."""

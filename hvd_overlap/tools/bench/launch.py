@@ -67,10 +67,13 @@ def worker_command(job_path: str, out_path: str) -> list[str]:
 
 
 def launch_plan(cfg: BenchConfig) -> list[tuple[int, tuple[str, ...]]]:
-    """``(round, strategies)`` per launch: the clean group and the plugin's group each round,
-    which goes first alternating with the round."""
-    groups = [g for g in (tuple(s for s in cfg.strategies if s in CLEAN),
-                          tuple(s for s in cfg.strategies if s not in CLEAN)) if g]
+    """``(round, strategies)`` per launch: the clean group and the plugin's group each round
+    (with ``one_per_launch``: each strategy alone), in an order that rotates with the round."""
+    if cfg.one_per_launch:
+        groups = [(s,) for s in cfg.strategies]
+    else:
+        groups = [g for g in (tuple(s for s in cfg.strategies if s in CLEAN),
+                              tuple(s for s in cfg.strategies if s not in CLEAN)) if g]
     return [(r, g) for r in range(cfg.rounds)
             for g in groups[r % len(groups):] + groups[:r % len(groups)]]
 
@@ -116,6 +119,8 @@ def _launch(cfg: BenchConfig, job: Job, tmp: Path, network: str | Hosts | None,
             on_progress: Callable[[str], None]) -> dict[str, Any]:
     """Run one launch of the worker; its rank-0 results."""
     tag = f"r{job.round}-{'clean' if is_clean_group(job.strategies) else 'plugin'}"
+    if cfg.one_per_launch:
+        tag = f"r{job.round}-{job.strategies[0]}"
     job_path, out, log = tmp / f"{tag}.json", tmp / f"{tag}.out.json", tmp / "launch.log"
     job_path.write_text(job.to_json())
     if isinstance(network, Hosts):

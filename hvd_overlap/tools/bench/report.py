@@ -143,7 +143,8 @@ def headline(raw: dict[str, Any]) -> str:
     return (f"{c['model']}{' (tiny)' if c.get('tiny') else ''}: {raw['params'] / 1e6:.2f} M "
             f"params, {raw['grad_bytes'] / 2**20:.1f} MiB of gradients; {raw['ranks']} ranks x "
             f"{c['batch_size']}/rank, net {net_label(c)}, "
-            f"{'pinned' if raw['pinned'] else 'unpinned'};"
+            f"{'pinned' if raw['pinned'] else 'unpinned'}"
+            f"{', each strategy in its own launch' if c.get('one_per_launch') else ''};"
             f" {c['rounds']} interleaved rounds x {c['steps']} timed steps "
             f"({c['warmup']} warm-up excluded); "
             + ("median step over all rounds" if raw.get("step_means")

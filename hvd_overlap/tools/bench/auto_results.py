@@ -10,6 +10,7 @@ run (stock included), and what auto chose in each round.
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 from pathlib import Path
 from typing import Any
@@ -37,8 +38,6 @@ def round_ratios(raw: dict[str, Any], reference: str, strategy: str) -> list[flo
     """``reference``'s step / ``strategy``'s in each round (each the median of the round's
     steps, ranks averaged): how much the ratio moves from round to round. Empty without
     ``step_means``."""
-    import statistics
-
     means = raw.get("step_means") or {}
     return [statistics.median(a) / statistics.median(b)
             for a, b in zip(means.get(reference, []), means.get(strategy, []), strict=False)

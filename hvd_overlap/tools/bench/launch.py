@@ -118,9 +118,9 @@ def run_logged(cmd: list[str], log_path: Path, timeout: float,
 def _launch(cfg: BenchConfig, job: Job, tmp: Path, network: str | Hosts | None,
             on_progress: Callable[[str], None]) -> dict[str, Any]:
     """Run one launch of the worker; its rank-0 results."""
-    tag = f"r{job.round}-{'clean' if is_clean_group(job.strategies) else 'plugin'}"
-    if cfg.one_per_launch:
-        tag = f"r{job.round}-{job.strategies[0]}"
+    kind = job.strategies[0] if cfg.one_per_launch else (
+        "clean" if is_clean_group(job.strategies) else "plugin")
+    tag = f"r{job.round}-{kind}"
     job_path, out, log = tmp / f"{tag}.json", tmp / f"{tag}.out.json", tmp / "launch.log"
     job_path.write_text(job.to_json())
     if isinstance(network, Hosts):

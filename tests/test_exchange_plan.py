@@ -168,6 +168,7 @@ def test_bench_spelling_of_sharded_options():
     assert plugin_options("sharded_hybrid+exchange+alltoall") == (
         "sharded_hybrid", {"exchange": "auto", "gather_with": "alltoall"})
     assert plugin_options("layerwise") == ("layerwise", {})
+    assert plugin_options("sharded+auto") == ("sharded", {"bucket_bytes": "auto"})
     with pytest.raises(ValueError, match="sharded strategies only"):
         BenchConfig(strategies=("layerwise+exchange",)).validate()
     BenchConfig(strategies=("stock", "sharded+exchange", "local")).validate()

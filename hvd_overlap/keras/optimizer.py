@@ -21,7 +21,7 @@ from hvd_overlap.core.autoplan import Candidate
 from hvd_overlap.core.plan import DEFAULT_BUCKET_BYTES, Plan
 from hvd_overlap.core.sharding import ShardLayout
 from hvd_overlap.core.strategies import PlanOptions, get_strategy
-from hvd_overlap.keras.executors import Executor, Plain, ShardedExecutor, make_executor
+from hvd_overlap.keras.executors import Executor, Plain, make_executor
 from hvd_overlap.keras.executors.auto import AUTO, AutoExecutor, auto_choices
 from hvd_overlap.keras.train_step import OverlapTrainStep
 from hvd_overlap.keras.validation import (
@@ -257,7 +257,8 @@ def DistributedOptimizer(  # noqa: N802 -- same name as Horovod's factory
     ``strategy`` (``hvd_overlap.STRATEGIES``, or ``"auto"``: the fastest whole-state plan,
     predicted then measured against stock Horovod's fusion during the first steps; needs
     ``OverlapCallback`` / ``make_train_step``), ``bucket_bytes`` (the byte budget of a bucket;
-    ``"auto"``: chosen the same way for layerwise, deferred or hybrid) and
+    ``"auto"``: chosen the same way for layerwise, deferred or hybrid; for sharded among the
+    sharded and sharded_hybrid plans, the optimizer state re-cut at each switch) and
     ``ordered`` (each backprop bucket's collective waits for the previous one, so they go out in
     plan order; off by default: measured slower, see README)
     and ``defer`` (hybrid: how many input-side buckets to defer into the next forward;
@@ -281,7 +282,8 @@ def DistributedOptimizer(  # noqa: N802 -- same name as Horovod's factory
     options = {k: v for k, v in locals().items() if k != "optimizer"}
     tuned = AUTO in (strategy, bucket_bytes, defer)
     if tuned:
-        validate_auto(optimizer, strategy, bucket_bytes, defer, backward_passes_per_step)
+        validate_auto(optimizer, strategy, bucket_bytes, defer, backward_passes_per_step,
+                      exchange)
     plan_strategy = "horovod" if strategy == AUTO else strategy
     strat = get_strategy(plan_strategy)
     validate(optimizer, plan_strategy, DEFAULT_BUCKET_BYTES if bucket_bytes == AUTO
@@ -327,9 +329,9 @@ def DistributedOptimizer(  # noqa: N802 -- same name as Horovod's factory
                                      label)
     else:
         wrapped._hvdo = executor(Candidate(strategy, bucket_bytes, defer))
-    if isinstance(wrapped._hvdo, ShardedExecutor):
-        # a checkpoint dependency of the optimizer: saved and restored with it
-        wrapped._track_trackable(wrapped._hvdo.state.checkpoint, name="hvd_overlap_sharded_state")
+    entry = wrapped._hvdo.checkpoint_entry
+    if entry is not None:  # sharded state: a checkpoint dependency, saved and restored with it
+        wrapped._track_trackable(entry, name="hvd_overlap_sharded_state")
     return wrapped
 
 

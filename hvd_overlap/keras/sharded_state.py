@@ -69,6 +69,16 @@ class ShardedState:
             self.layout = layout
             self.checkpoint.apply_pending()  # eagerly, once (not an op of the train step)
 
+    def hand_over(self, successor: ShardedState) -> None:
+        """A plan switch (``auto``): the successor's slices, cut by its own plan, start from
+        this state's slots, gathered whole (eager, every rank; every update landed first), and
+        it serves this state's checkpoint -- the one the optimizer tracks."""
+        cp = self.checkpoint
+        gathered = self.gather_state() if self.layout is not None else None
+        successor.checkpoint, cp._state = cp, successor
+        if gathered is not None:  # else what a restore left pending stays so
+            cp.restore(gathered, self.step)
+
     def slice_of(self, bucket, variables: Sequence[tf.Variable]) -> tf.Tensor:
         """This rank's slice of the bucket's current parameters (a graph tensor)."""
         start, stop = bucket.owned(hvd.rank())
@@ -210,6 +220,7 @@ def _build_slots(opt, params: dict[int, tf.Variable],
                     pass
     else:  # slots appended to opt.variables, found by name
         before = {id(v) for v in opt.variables}
+        opt._built = False  # an earlier plan's slices had slots built (auto's plan switch)
         build(shard_vars)
         owner = {p._shared_name: b for b, p in params.items()}
         for v in opt.variables:

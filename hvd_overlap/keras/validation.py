@@ -110,29 +110,29 @@ def validate_elastic(strategy: str, defers: bool) -> None:
             "'horovod') with elastic training")
 
 
-def validate_auto(optimizer, strategy, bucket_bytes, defer, backward_passes_per_step) -> None:
+def validate_auto(optimizer, strategy, bucket_bytes, defer, backward_passes_per_step,
+                  exchange: str = "never") -> None:
     """What ``"auto"`` (strategy, bucket_bytes or defer) can tune, refused up front otherwise."""
     from hvd_overlap.core.plan import DEFAULT_BUCKET_BYTES
 
     auto = "auto"
-    tunable = ("layerwise", "deferred", "hybrid")
+    tunable = ("layerwise", "deferred", "hybrid", "sharded", "sharded_hybrid")
     if strategy == auto:
         if bucket_bytes not in (auto, DEFAULT_BUCKET_BYTES) or defer not in (auto, None):
             raise ValueError("strategy='auto' chooses bucket_bytes and defer itself; to fix "
                              "them, name the strategy (e.g. strategy='hybrid', "
                              "bucket_bytes=8 << 20, defer='auto')")
-    elif strategy in ("sharded", "sharded_hybrid"):
-        raise ValueError(
-            f"bucket_bytes/defer='auto' with strategy {strategy!r} is not supported: switching a "
-            "sharded plan would re-cut the optimizer-state slices. Pick them by prediction with "
-            "`hvd-overlap simulate --strategies auto_sharded` (or `hvd-overlap auto-grid "
-            "--family sharded`) and pass the numbers")
     elif strategy not in tunable:
         raise ValueError(f"bucket_bytes/defer='auto' needs strategy 'auto' or one of "
                          f"{', '.join(tunable)}; strategy {strategy!r} has no buckets to size")
-    elif defer == auto and strategy != "hybrid":
-        raise ValueError(f"defer='auto' chooses hybrid's split; strategy {strategy!r} defers "
-                         f"{'every' if strategy == 'deferred' else 'no'} bucket")
+    elif defer == auto and strategy not in ("hybrid", "sharded_hybrid"):
+        raise ValueError(f"defer='auto' chooses the split of hybrid or sharded_hybrid; strategy "
+                         f"{strategy!r} defers {'every' if strategy == 'deferred' else 'no'} "
+                         "bucket")
+    if strategy in ("sharded", "sharded_hybrid") and exchange != "never":
+        raise ValueError(f"bucket_bytes/defer='auto' with strategy {strategy!r} does not combine "
+                         f"with exchange={exchange!r} (the exchange patches the model's dense "
+                         "layers for one plan): pass a bucket size, or exchange='never'")
     if backward_passes_per_step != 1:
         raise ValueError("'auto' times and switches plans step by step, which "
                          "backward_passes_per_step > 1 does not combine with; use "

@@ -104,7 +104,9 @@ def timeline(timeline_file: str, limit: int, per_step: int | None, plot_path: st
 @click.option("--rounds", type=int, default=3, show_default=True,
               help="interleaved rounds (every strategy once per round)")
 @click.option("--strategies", help="comma-separated; default: every strategy, then local; "
-                                       "add auto for strategy='auto' (it chooses before timing)")
+                                       "add auto for strategy='auto' (it chooses before timing); "
+                                       "a sharded strategy takes options after '+': exchange, "
+                                       "gather, rows, alltoall, auto (bucket_bytes='auto')")
 @click.option("--net", default="plain", show_default=True,
               help="plain loopback, or an emulated link rate such as 1gbit, 500mbit (root)")
 @click.option("--net-model", type=click.Choice(["hosts", "loopback"]), default="hosts",

@@ -204,7 +204,7 @@ def train_fit(model_name: str, opt_name: str, wrap, seed: int = 3, epochs: int =
     if restore:
         model.load_weights(restore)
         if not restore_optimizer:  # negative control: drop the restored sharded slot state
-            opt._hvdo.state.checkpoint.pending = None
+            opt._hvdo.checkpoint_entry.pending = None
     x, y = rank_data(model_name, BATCH * STEPS_PER_EPOCH)
     val = rank_data(model_name, BATCH * 2, seed=99) if validation else None
     model.fit(x, y, batch_size=BATCH, epochs=epochs, initial_epoch=initial_epoch, shuffle=False,

@@ -14,6 +14,7 @@ from hvd_overlap.core.autoplan import Candidate
 from hvd_overlap.keras.executors import auto
 from tests.multirank.helpers import (
     EPOCHS,
+    MODELS,
     ModelCheckpointInTmp,
     assert_weights_close,
     max_abs_diff,
@@ -158,3 +159,77 @@ def test_bucket_bytes_auto_keeps_the_named_strategy_and_matches_stock():
     assert set(ex.measured) == {ex.probe, *ex.forced_trials}
     assert_weights_close(got, stock_reference("cnn_bn", "sgd_momentum"))
 
+
+
+# sharded plans the online check switches through: other bucket sizes (the slices are cut anew)
+SHARDED_TRIALS = [Candidate("sharded_hybrid", 2048, 2), Candidate("sharded", 8192)]
+
+
+def sharded_auto(made: list):
+    def wrap(opt):
+        o = hvdo.DistributedOptimizer(opt, strategy="sharded", bucket_bytes="auto")
+        o._hvdo.forced_trials = SHARDED_TRIALS
+        made.append(o)
+        return o
+    return wrap
+
+
+@pytest.mark.parametrize("opt_name", ["sgd_momentum", "adam", "legacy_adam"])
+def test_sharded_bucket_bytes_auto_recuts_the_state_and_matches_stock(opt_name):
+    """``strategy="sharded", bucket_bytes="auto"``: every switch re-cuts the optimizer state
+    for the next plan's slices (gathered whole, sliced again), so the run equals stock's; the
+    slots stay slices (1/P), out of ``optimizer.variables()``."""
+    made: list = []
+    ckpt = ModelCheckpointInTmp()
+    got = train_fit("cnn_bn", opt_name, sharded_auto(made), validation=True,
+                    callbacks=[ckpt.callback])
+    opt = made[0]
+    ex = opt._hvdo
+    assert ex.settled and ex.switches >= len(SHARDED_TRIALS), ex.log
+    assert ex.probe == Candidate("sharded", DEFAULT_BUCKET_BYTES)
+    assert set(ex.measured) == {ex.probe, *SHARDED_TRIALS}
+    slices, slots = opt.slice_variables()
+    n = sum(int(np.prod(v.shape)) for v in slices)
+    whole = sum(int(np.prod(v.shape)) for v in MODELS["cnn_bn"]().trainable_variables)
+    assert whole / hvd_tf.size() <= n < whole, "the state is not sharded"
+    assert slots and not {id(v) for v in slots} & {id(v) for v in opt.variables()}
+    assert_weights_close(got, stock_reference("cnn_bn", opt_name))
+    assert same_on_all_ranks(got)
+    assert ckpt.saved() == EPOCHS
+
+
+def test_sharded_auto_checkpoint_resume_equals_uninterrupted_run():
+    """The checkpointed state follows the switches: a run resumed from a checkpoint saved after
+    them (and switching again) ends where the uninterrupted run ends -- and, without the
+    optimizer state, elsewhere (the test can fail)."""
+    whole = train_fit("cnn_bn", "adam", sharded_auto([]), epochs=4)
+    ckpt = ModelCheckpointInTmp()
+    made: list = []
+    train_fit("cnn_bn", "adam", sharded_auto(made), epochs=2, callbacks=[ckpt.callback])
+    assert made[0]._hvdo.switches >= len(SHARDED_TRIALS)
+    saved = tf.train.load_checkpoint(ckpt.path).get_variable_to_shape_map()
+    assert [k for k in saved if "hvd_overlap_sharded_state" in k]
+    resumed = train_fit("cnn_bn", "adam", sharded_auto([]), epochs=4, initial_epoch=2,
+                        restore=ckpt.path)
+    assert_weights_close(resumed, whole, trainable_only=hvd_tf.rank() != 0)
+    fresh = train_fit("cnn_bn", "adam", sharded_auto([]), epochs=4, initial_epoch=2,
+                      restore=ckpt.path, restore_optimizer=False)
+    assert max_abs_diff(fresh, whole) > 1e-4
+
+
+def test_a_sharded_switch_that_drops_the_state_ends_elsewhere():
+    """Negative control of the re-cut above: a switch whose next plan starts from fresh slots
+    (the gathered state not handed over) ends away from stock's weights."""
+    from hvd_overlap.keras.sharded_state import ShardedState
+
+    original = ShardedState.hand_over
+
+    def dropping(self, successor):
+        successor.checkpoint, self.checkpoint._state = self.checkpoint, successor
+
+    ShardedState.hand_over = dropping
+    try:
+        got = train_fit("cnn_bn", "sgd_momentum", sharded_auto([]))
+    finally:
+        ShardedState.hand_over = original
+    assert max_abs_diff(got, stock_reference("cnn_bn", "sgd_momentum")) > 1e-4

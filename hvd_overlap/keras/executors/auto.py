@@ -18,8 +18,10 @@ A trial ends after a fixed number of steps, the same on every rank whatever each
 time, and its timing is averaged over the ranks before it is compared: every rank takes the
 same decisions at the same step, so none is left waiting in a collective. A plan change is
 exact: the current plan's pending update lands first (``flush``, every rank), the next step
-runs the new plan (the train function is traced again), and all the candidates keep the
-optimizer's state whole (the Keras optimizer's own slots): no step is lost or applied twice.
+runs the new plan (the train function is traced again), and the optimizer's state carries
+over -- the Keras optimizer's own slots for the whole-state plans; for the sharded family
+(``strategy="sharded", bucket_bytes="auto"``) the slot slices, gathered whole and cut again for
+the next plan's buckets (``ShardedState.hand_over``): no step is lost or applied twice.
 """
 
 from __future__ import annotations
@@ -103,7 +105,7 @@ class AutoExecutor(Executor):
                  settings: Any, label: str):
         super().__init__(opt, plain, None, None, settings)
         self._make_child = child
-        self._children: dict[Candidate, Executor] = {}
+        self._child: Executor | None = None  # the executor of ``current``, made when first used
         self.probe = probe
         self._pool = pool
         self.label = label              # "auto", or "hybrid (bucket_bytes='auto')"
@@ -129,13 +131,12 @@ class AutoExecutor(Executor):
 
     # -- the executor in use ---------------------------------------------------------------
 
-    def child(self, c: Candidate | None = None) -> Executor:
-        c = c or self.current
-        if c not in self._children:
-            made = self._make_child(c)
-            made.local_refs = self.local_refs
-            self._children[c] = made
-        return self._children[c]
+    def child(self) -> Executor:
+        """The executor of the current plan (one at a time: a switch drops the previous one)."""
+        if self._child is None:
+            self._child = self._make_child(self.current)
+            self._child.local_refs = self.local_refs
+        return self._child
 
     @property
     def strategy(self) -> str:
@@ -185,6 +186,40 @@ class AutoExecutor(Executor):
     def take_retrace(self) -> bool:
         switched, self._switched = self._switched, False
         return self.child().take_retrace() or switched
+
+    # -- the Keras hooks and the sharded state: the current plan's ----------------------------
+
+    def register_local_var(self, var: tf.Variable) -> None:
+        self.child().register_local_var(var)
+
+    def gather_state(self) -> None:
+        self.child().gather_state()
+
+    @property
+    def shard_layout(self):
+        return self.child().shard_layout
+
+    def slice_variables(self) -> tuple[list[tf.Variable], list[tf.Variable]]:
+        return self.child().slice_variables()
+
+    @property
+    def checkpoint_entry(self) -> Any:
+        return self.child().checkpoint_entry
+
+    def build(self, var_list) -> Any:
+        return self.child().build(var_list)
+
+    def save_own_variables(self, store: Any) -> Any:
+        return self.child().save_own_variables(store)
+
+    def load_own_variables(self, store: Any) -> Any:
+        return self.child().load_own_variables(store)
+
+    def trackable_children(self, children: dict[str, Any]) -> dict[str, Any]:
+        return self.child().trackable_children(children)
+
+    def apply_weight_decay(self, variables) -> Any:
+        return self.child().apply_weight_decay(variables)
 
     # -- the online check ------------------------------------------------------------------
 
@@ -278,8 +313,11 @@ class AutoExecutor(Executor):
         then ask for a new train function."""
         if c == self.current:
             return
-        self.child().flush()
-        self.current = c
+        old = self.child()
+        old.flush()
+        self._child, self.current = None, c
+        if old.checkpoint_entry is not None:  # sharded: the slot state is re-cut for c's slices
+            old.state.hand_over(self.child().state)
         self.switches += 1
         self._switched = True
         self._samples = []
@@ -293,12 +331,13 @@ class AutoExecutor(Executor):
 AUTO = "auto"
 
 
-def can_defer(optimizer: Any) -> bool:
-    """True if the deferring plans are exact with this optimizer (``validate_deferring``)."""
+def can_defer(optimizer: Any, strategy: str = "hybrid") -> bool:
+    """True if ``strategy``'s deferring plans are exact with this optimizer
+    (``validate_deferring``)."""
     from hvd_overlap.keras.validation import validate_deferring
 
     try:
-        validate_deferring(optimizer, "hybrid", 1, None)
+        validate_deferring(optimizer, strategy, 1, None, per_bucket=strategy != "sharded_hybrid")
     except ValueError:
         return False
     return True
@@ -310,9 +349,11 @@ def auto_choices(optimizer: Any, strategy: str, bucket_bytes: int | str, defer: 
 
     - ``strategy="auto"``: probe stock Horovod's fusion; pool every whole-state plan
       (``autoplan.WHOLE_STATE``; without the deferring ones if the optimizer cannot defer);
-    - ``bucket_bytes="auto"``: the named strategy at every bucket size (and, for ``hybrid``
-      without a fixed ``defer``, every split); probe it at the default size;
-    - ``defer="auto"`` (``hybrid``): every split at the given bucket size.
+    - ``bucket_bytes="auto"``: the named strategy at every bucket size (and, for ``hybrid`` and
+      ``sharded_hybrid`` without a fixed ``defer``, every split); probe it at the default size.
+      ``sharded`` (the user asked for sharding) pools the sharded family, ``sharded_hybrid``
+      too where the optimizer can defer;
+    - ``defer="auto"`` (``hybrid``, ``sharded_hybrid``): every split at the given bucket size.
     """
     from hvd_overlap.core.plan import DEFAULT_BUCKET_BYTES
 
@@ -322,8 +363,12 @@ def auto_choices(optimizer: Any, strategy: str, bucket_bytes: int | str, defer: 
                 "auto")
     fixed_defer = defer if isinstance(defer, int) else None
     if bucket_bytes == AUTO:
+        family: tuple[str, ...] = (strategy,)
+        if strategy == "sharded" and can_defer(optimizer, "sharded_hybrid"):
+            family = autoplan.SHARDED
+
         def pool(prof: autoplan.Profile) -> list[Candidate]:
-            got = autoplan.candidates(prof, strategies=(strategy,))
+            got = autoplan.candidates(prof, strategies=family)
             if fixed_defer is None:
                 return got
             return list(dict.fromkeys(Candidate(strategy, c.bucket_bytes, fixed_defer)

@@ -157,6 +157,12 @@ class Executor:
         return [], []
 
     @property
+    def checkpoint_entry(self) -> Any:
+        """What the optimizer's checkpoints hold besides its own variables (sharded modes: the
+        gathered slot state), or None."""
+        return None
+
+    @property
     def pending(self) -> bool:
         """True if an update of the last step has not landed in the weights yet."""
         return False

@@ -189,7 +189,6 @@ class ShardedExecutor(NextStepExecutor):
     def flush(self) -> None:
         self.phase.flush(lambda: self._issue_gathers(landing=True))
 
-
     def gather_state(self) -> None:
         st = self.state
         if st.layout is None:
@@ -197,6 +196,10 @@ class ShardedExecutor(NextStepExecutor):
         step = int(self.opt.iterations.numpy())
         if st.checkpoint.iterations != step:
             st.checkpoint.set(step, st.gather_state())
+
+    @property
+    def checkpoint_entry(self) -> Any:
+        return self.state.checkpoint
 
     def register_local_var(self, var: tf.Variable) -> None:
         raise ValueError("strategy='sharded' keeps optimizer state for slices of the shared "

@@ -17,9 +17,11 @@ MODEL_NAMES = ("vgg", "resnet20", "mlp", "cnn")
 #: ``strategy="auto"``: measured when asked for (``--strategies ...,auto``), not by default
 AUTO = "auto"
 #: Options a sharded strategy's name can carry in ``--strategies``: ``sharded+exchange`` is
-#: ``strategy="sharded", exchange="auto"``; ``+alltoall``: ``gather_with="alltoall"``.
+#: ``strategy="sharded", exchange="auto"``; ``+alltoall``: ``gather_with="alltoall"``;
+#: ``+auto``: ``bucket_bytes="auto"`` (settled untimed before timing, as ``auto``).
 SHARDED_OPTIONS = {"exchange": {"exchange": "auto"}, "alltoall": {"gather_with": "alltoall"},
-                   "gather": {"exchange_forward": "gather"}, "rows": {"exchange_forward": "rows"}}
+                   "gather": {"exchange_forward": "gather"}, "rows": {"exchange_forward": "rows"},
+                   "auto": {"bucket_bytes": AUTO}}
 
 
 def plugin_options(name: str) -> tuple[str, dict[str, str]]:

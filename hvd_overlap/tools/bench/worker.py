@@ -136,7 +136,7 @@ class Trainee:
 
             name, extra = plugin_options(strategy)
             opt = hk.DistributedOptimizer(opt, strategy=name, **extra)
-            if name == AUTO or STRATEGIES[name].defers:
+            if AUTO in (name, *extra.values()) or STRATEGIES[name].defers:
                 self.callbacks.append(hk.OverlapCallback())
         self.model.compile(opt, tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
 

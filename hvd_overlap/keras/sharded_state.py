@@ -75,6 +75,10 @@ class ShardedState:
         it serves this state's checkpoint -- the one the optimizer tracks."""
         cp = self.checkpoint
         gathered = self.gather_state() if self.layout is not None else None
+        mine = {id(v) for d in self.slots.values() for v in d.values()}
+        if isinstance(getattr(self.opt, "_slots", None), dict):  # legacy: its slot registry
+            self.opt._slots = {k: d for k, d in self.opt._slots.items()
+                               if not any(id(v) in mine for v in d.values())}
         successor.checkpoint, cp._state = cp, successor
         if gathered is not None:  # else what a restore left pending stays so
             cp.restore(gathered, self.step)

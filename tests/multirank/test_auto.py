@@ -36,18 +36,28 @@ def short_trials(monkeypatch):
     monkeypatch.setattr(auto, "TRIAL_STEPS", 2)
 
 
-def auto_with(trials=None, **kw):
-    """``strategy="auto"``; with ``trials``, the online check measures those after the probe
-    (instead of the simulator's ranking), so the test knows which plans it switches through."""
+def auto_with(trials=None, strategy="auto", **kw):
+    """``strategy="auto"`` (or another ``"auto"`` setting); with ``trials``, the online check
+    measures those after the probe (instead of the simulator's ranking), so the test knows
+    which plans it switches through. The optimizers made are in ``wrap.made``."""
     made: list = []
 
     def wrap(opt):
-        o = hvdo.DistributedOptimizer(opt, strategy="auto", **kw)
+        o = hvdo.DistributedOptimizer(opt, strategy=strategy, **kw)
         o._hvdo.forced_trials = trials
         made.append(o)
         return o
     wrap.made = made
     return wrap
+
+
+# sharded plans the online check switches through: other bucket sizes (the slices are cut anew)
+SHARDED_TRIALS = [Candidate("sharded_hybrid", 2048, 2), Candidate("sharded", 8192)]
+
+
+def sharded_auto():
+    """``strategy="sharded", bucket_bytes="auto"``, measuring ``SHARDED_TRIALS``."""
+    return auto_with(SHARDED_TRIALS, strategy="sharded", bucket_bytes="auto")
 
 
 def _ran_through_trials(opt) -> None:
@@ -121,9 +131,14 @@ def test_a_switch_lands_the_pending_update_first():
     assert max_abs_diff(got, stock_reference("cnn_bn", "sgd_momentum")) > 1e-4
 
 
-def test_mixed_precision_with_overflow_equals_stock():
+def _auto_of(family: str):
+    return auto_with(TRIALS) if family == "whole" else sharded_auto()
+
+
+@pytest.mark.parametrize("family", ["whole", "sharded"])
+def test_mixed_precision_with_overflow_equals_stock(family):
     want, want_scale, want_steps = _fit_mixed(stock)
-    wrap = auto_with(TRIALS)
+    wrap = _auto_of(family)
     got, scale, steps = _fit_mixed(wrap)
     assert wrap.made[0]._hvdo.switches >= 1
     assert (scale, steps) == (want_scale, want_steps)
@@ -131,13 +146,14 @@ def test_mixed_precision_with_overflow_equals_stock():
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("family", ["whole", "sharded"])
 @pytest.mark.parametrize("opt_name", ["sgd_momentum", "legacy_sgd_momentum"])
-def test_per_batch_learning_rate_callbacks_equal_stock(opt_name):
+def test_per_batch_learning_rate_callbacks_equal_stock(opt_name, family):
     factory = {"sgd_momentum": lambda: tf.keras.optimizers.SGD(0.1, momentum=0.9),
                "legacy_sgd_momentum": lambda: tf.keras.optimizers.legacy.SGD(0.1, momentum=0.9),
                }[opt_name]
     want = _fit_per_batch_lr(stock, factory)
-    wrap = auto_with(TRIALS)
+    wrap = _auto_of(family)
     got = _fit_per_batch_lr(wrap, factory)
     assert wrap.made[0]._hvdo.switches >= 1
     for a, b in zip(want, got, strict=True):
@@ -145,33 +161,14 @@ def test_per_batch_learning_rate_callbacks_equal_stock(opt_name):
 
 
 def test_bucket_bytes_auto_keeps_the_named_strategy_and_matches_stock():
-    made: list = []
-
-    def wrap(opt):
-        o = hvdo.DistributedOptimizer(opt, strategy="hybrid", bucket_bytes="auto")
-        o._hvdo.forced_trials = [Candidate("hybrid", 1024, 1), Candidate("hybrid", 8192, 1)]
-        made.append(o)
-        return o
+    wrap = auto_with([Candidate("hybrid", 1024, 1), Candidate("hybrid", 8192, 1)],
+                     strategy="hybrid", bucket_bytes="auto")
     got = train_fit("cnn_bn", "sgd_momentum", wrap)
-    ex = made[0]._hvdo
+    ex = wrap.made[0]._hvdo
     assert ex.settled and ex.current.strategy == "hybrid"
     assert ex.probe == Candidate("hybrid", DEFAULT_BUCKET_BYTES)
     assert set(ex.measured) == {ex.probe, *ex.forced_trials}
     assert_weights_close(got, stock_reference("cnn_bn", "sgd_momentum"))
-
-
-
-# sharded plans the online check switches through: other bucket sizes (the slices are cut anew)
-SHARDED_TRIALS = [Candidate("sharded_hybrid", 2048, 2), Candidate("sharded", 8192)]
-
-
-def sharded_auto(made: list):
-    def wrap(opt):
-        o = hvdo.DistributedOptimizer(opt, strategy="sharded", bucket_bytes="auto")
-        o._hvdo.forced_trials = SHARDED_TRIALS
-        made.append(o)
-        return o
-    return wrap
 
 
 @pytest.mark.parametrize("opt_name", ["sgd_momentum", "adam", "legacy_adam"])
@@ -179,11 +176,10 @@ def test_sharded_bucket_bytes_auto_recuts_the_state_and_matches_stock(opt_name):
     """``strategy="sharded", bucket_bytes="auto"``: every switch re-cuts the optimizer state
     for the next plan's slices (gathered whole, sliced again), so the run equals stock's; the
     slots stay slices (1/P), out of ``optimizer.variables()``."""
-    made: list = []
     ckpt = ModelCheckpointInTmp()
-    got = train_fit("cnn_bn", opt_name, sharded_auto(made), validation=True,
-                    callbacks=[ckpt.callback])
-    opt = made[0]
+    wrap = sharded_auto()
+    got = train_fit("cnn_bn", opt_name, wrap, validation=True, callbacks=[ckpt.callback])
+    opt = wrap.made[0]
     ex = opt._hvdo
     assert ex.settled and ex.switches >= len(SHARDED_TRIALS), ex.log
     assert ex.probe == Candidate("sharded", DEFAULT_BUCKET_BYTES)
@@ -202,17 +198,17 @@ def test_sharded_auto_checkpoint_resume_equals_uninterrupted_run():
     """The checkpointed state follows the switches: a run resumed from a checkpoint saved after
     them (and switching again) ends where the uninterrupted run ends -- and, without the
     optimizer state, elsewhere (the test can fail)."""
-    whole = train_fit("cnn_bn", "adam", sharded_auto([]), epochs=4)
+    whole = train_fit("cnn_bn", "adam", sharded_auto(), epochs=4)
     ckpt = ModelCheckpointInTmp()
-    made: list = []
-    train_fit("cnn_bn", "adam", sharded_auto(made), epochs=2, callbacks=[ckpt.callback])
-    assert made[0]._hvdo.switches >= len(SHARDED_TRIALS)
+    wrap = sharded_auto()
+    train_fit("cnn_bn", "adam", wrap, epochs=2, callbacks=[ckpt.callback])
+    assert wrap.made[0]._hvdo.switches >= len(SHARDED_TRIALS)
     saved = tf.train.load_checkpoint(ckpt.path).get_variable_to_shape_map()
     assert [k for k in saved if "hvd_overlap_sharded_state" in k]
-    resumed = train_fit("cnn_bn", "adam", sharded_auto([]), epochs=4, initial_epoch=2,
+    resumed = train_fit("cnn_bn", "adam", sharded_auto(), epochs=4, initial_epoch=2,
                         restore=ckpt.path)
     assert_weights_close(resumed, whole, trainable_only=hvd_tf.rank() != 0)
-    fresh = train_fit("cnn_bn", "adam", sharded_auto([]), epochs=4, initial_epoch=2,
+    fresh = train_fit("cnn_bn", "adam", sharded_auto(), epochs=4, initial_epoch=2,
                       restore=ckpt.path, restore_optimizer=False)
     assert max_abs_diff(fresh, whole) > 1e-4
 
@@ -229,7 +225,7 @@ def test_a_sharded_switch_that_drops_the_state_ends_elsewhere():
 
     ShardedState.hand_over = dropping
     try:
-        got = train_fit("cnn_bn", "sgd_momentum", sharded_auto([]))
+        got = train_fit("cnn_bn", "sgd_momentum", sharded_auto())
     finally:
         ShardedState.hand_over = original
     assert max_abs_diff(got, stock_reference("cnn_bn", "sgd_momentum")) > 1e-4

@@ -298,6 +298,8 @@ def test_auto_results_rows_ratios_and_rounds():
     assert row["best"] == "layerwise" and row["vs_best"] == pytest.approx(0.5 / 0.45)
     assert row["vs_stock"] == pytest.approx(0.9 / 0.45)  # pooled medians: 0.9 and 0.45
     assert row["vs_stock_rounds"] == pytest.approx([2.0, 2.0])
-    text = auto_results.markdown([{"strategies": report.summarize(raw), "raw": raw}])
-    assert "| 2.00x | 2.00, 2.00 | 1.11x | layerwise, 1.0MiB buckets (2/2) |" in text
+    text = auto_results.markdown([{"strategies": report.summarize(raw), "raw": raw,
+                                   "measured": "2026-12-01 14:00 UTC"}])
+    assert ("| 2.00x | 2.00, 2.00 | 1.11x | layerwise, 1.0MiB buckets (2/2) | "
+            "2026-12-01 14:00 UTC |") in text
     assert "runs with auto >= 0.98x stock: 1 of 1; within 3% of the best fixed: 1 of 1" in text

@@ -512,7 +512,7 @@ def test_hybrid_with_no_gradient_in_the_deferred_bucket_counts_each_step_once():
 
 def test_auto_pools_hold_only_what_the_setting_allows():
     from hvd_overlap.comm.planner import var_specs
-    from hvd_overlap.core.autoplan import profile_from_specs
+    from hvd_overlap.core.autoplan import Candidate, profile_from_specs
     from hvd_overlap.keras.executors.auto import auto_choices
 
     wide = tf.keras.Sequential([tf.keras.layers.Dense(1024, input_shape=(1024,)),
@@ -530,6 +530,16 @@ def test_auto_pools_hold_only_what_the_setting_allows():
     assert {(c.strategy, c.defer) for c in pool(prof)} == {("hybrid", 1)}
     _, pool, _ = auto_choices(tf.keras.optimizers.SGD(0.1), "hybrid", 1024, "auto")
     assert {c.bucket_bytes for c in pool(prof)} == {1024}
+    # sharding asked for: the sharded family, sharded_hybrid only where the optimizer can defer
+    probe, pool, _ = auto_choices(sgd, "sharded", "auto", None)
+    assert probe == Candidate("sharded", hvd_overlap.DEFAULT_BUCKET_BYTES)
+    assert {c.strategy for c in pool(prof)} == {"sharded", "sharded_hybrid"}
+    assert len({c.bucket_bytes for c in pool(prof)}) > 1
+    clipped = tf.keras.optimizers.SGD(0.1, global_clipnorm=1.0)
+    _, pool, _ = auto_choices(clipped, "sharded", "auto", None)
+    assert {c.strategy for c in pool(prof)} == {"sharded"}
+    _, pool, _ = auto_choices(sgd, "sharded_hybrid", "auto", None)
+    assert {c.strategy for c in pool(prof)} == {"sharded_hybrid"}
 
 
 def test_auto_reports_its_state_in_the_plan_and_refuses_a_bucket_method():

@@ -31,7 +31,8 @@ def row(run: dict[str, Any]) -> dict[str, Any]:
             "vs_best": fixed[best] / auto,
             "vs_stock_rounds": round_ratios(raw, STOCK, AUTO),
             "picks": [p["choice"] for p in raw.get("auto_choices", [])],
-            "settle_steps": [p["steps"] for p in raw.get("auto_choices", [])]}
+            "settle_steps": [p["steps"] for p in raw.get("auto_choices", [])],
+            "measured": run.get("measured", "-")}
 
 
 def round_ratios(raw: dict[str, Any], reference: str, strategy: str) -> list[float]:
@@ -53,8 +54,9 @@ def markdown(runs: list[dict[str, Any]]) -> str:
 
     lines = [
         "| model | network | batch/rank | local ms | stock ms | stock wire ms | best fixed "
-        "(ms) | auto ms | auto / stock | per round | auto / best fixed | auto's pick per round |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        "(ms) | auto ms | auto / stock | per round | auto / best fixed | auto's pick per round "
+        "| measured |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         c = r["config"]
         counts = {p: r["picks"].count(p) for p in dict.fromkeys(r["picks"])}
@@ -64,7 +66,7 @@ def markdown(runs: list[dict[str, Any]]) -> str:
             f"{ms(r['stock'])} | {ms(r['wire'])} | {r['best']} ({ms(r['best_s'])}) | "
             f"{ms(r['auto'])} | {r['vs_stock']:.2f}x | "
             f"{', '.join(f'{x:.2f}' for x in r['vs_stock_rounds']) or '-'} | "
-            f"{r['vs_best']:.2f}x | {picks} |")
+            f"{r['vs_best']:.2f}x | {picks} | {r['measured']} |")
     if rows:
         worst_stock = min(rows, key=lambda r: r["vs_stock"])
         worst_best = min(rows, key=lambda r: r["vs_best"])

@@ -173,6 +173,10 @@ def merge(cfg: BenchConfig, launches: list[dict[str, Any]]) -> dict[str, Any]:
                          for raw in launches],
             "auto_choices": [{"round": raw["round"], **raw["auto"]} for raw in launches
                              if raw.get("auto")],
+            # the other online checks settled before timing (the exchange's, sharded+auto's)
+            "settled_checks": [{"round": raw["round"], "strategy": s, **check}
+                               for raw in launches
+                               for s, check in (raw.get("exchange_checks") or {}).items()],
             "clean_baseline": all(raw["clean_process"] for raw in launches
                                   if is_clean_group(raw["strategies"])),
             "pinned": all(raw["pinned"] for raw in launches),

@@ -75,10 +75,7 @@ class ShardedState:
         it serves this state's checkpoint -- the one the optimizer tracks."""
         cp = self.checkpoint
         gathered = self.gather_state() if self.layout is not None else None
-        mine = {id(v) for d in self.slots.values() for v in d.values()}
-        if isinstance(getattr(self.opt, "_slots", None), dict):  # legacy: its slot registry
-            self.opt._slots = {k: d for k, d in self.opt._slots.items()
-                               if not any(id(v) in mine for v in d.values())}
+        _release_slots(self.opt, self.slots)
         successor.checkpoint, cp._state = cp, successor
         if gathered is not None:  # else what a restore left pending stays so
             cp.restore(gathered, self.step)
@@ -241,6 +238,17 @@ def _build_slots(opt, params: dict[int, tf.Variable],
     else:
         opt._variables = [v for v in opt._variables if id(v) not in hidden]
     return slots
+
+
+def _release_slots(opt, slots: dict[int, dict[str, tf.Variable]]) -> None:
+    """Forget slots ``_build_slots`` made, once their slices are dropped (auto's plan switch):
+    a legacy optimizer keeps them in its slot registry; a Keras 2.11+ one replaces its slot
+    lists when built again."""
+    if not isinstance(opt, tf.keras.optimizers.legacy.Optimizer):
+        return
+    mine = {id(v) for d in slots.values() for v in d.values()}
+    opt._slots = {k: d for k, d in opt._slots.items()
+                  if not any(id(v) in mine for v in d.values())}
 
 
 def _slot_of(v: tf.Variable) -> tuple[str, str]:

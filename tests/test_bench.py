@@ -300,6 +300,21 @@ def test_auto_results_rows_ratios_and_rounds():
     assert row["vs_stock_rounds"] == pytest.approx([2.0, 2.0])
     text = auto_results.markdown([{"strategies": report.summarize(raw), "raw": raw,
                                    "measured": "2026-12-01 14:00 UTC"}])
-    assert ("| 2.00x | 2.00, 2.00 | 1.11x | layerwise, 1.0MiB buckets (2/2) | "
-            "2026-12-01 14:00 UTC |") in text
+    lo, hi = row["vs_stock_interval"]
+    assert 1.6 <= lo < 2.0 < hi <= 2.5  # the rounds differ: the interval spans their mix
+    best_lo, best_hi = row["vs_best_interval"]  # layerwise steady at 0.5; auto 0.4 to 0.5
+    assert 1.0 <= best_lo < 0.5 / 0.45 < best_hi <= 1.25
+    assert (f"| 2.00x | {lo:.2f}-{hi:.2f} | 2.00, 2.00 | 1.11x | ") in text
+    assert "| layerwise, 1.0MiB buckets (2/2) | 2026-12-01 14:00 UTC |" in text
     assert "runs with auto >= 0.98x stock: 1 of 1; within 3% of the best fixed: 1 of 1" in text
+
+
+def test_auto_results_interval_is_the_ratio_when_steps_agree_and_none_without_steps():
+    from hvd_overlap.tools.bench import auto_results
+
+    steady = {"step_means": {STOCK: [[0.8] * 5] * 3, AUTO: [[0.4] * 5] * 3}}
+    assert auto_results.ratio_interval(steady, STOCK, AUTO) == (2.0, 2.0)
+    noisy = {"step_means": {STOCK: [[0.8, 0.9, 1.0]] * 3, AUTO: [[0.5, 0.5, 0.5]] * 3}}
+    lo, hi = auto_results.ratio_interval(noisy, STOCK, AUTO)
+    assert 1.6 <= lo < 1.8 < hi <= 2.0  # the point estimate 0.9 / 0.5 inside a real spread
+    assert auto_results.ratio_interval({"step_times": {}}, STOCK, AUTO) is None

@@ -76,7 +76,7 @@ class ShardedState:
         cp = self.checkpoint
         gathered = self.gather_state() if self.layout is not None else None
         _release_slots(self.opt, self.slots)
-        successor.checkpoint, cp._state = cp, successor
+        cp.serve(successor)
         if gathered is not None:  # else what a restore left pending stays so
             cp.restore(gathered, self.step)
 
@@ -143,6 +143,11 @@ class ShardedCheckpoint(trackable.Trackable):
 
     def set(self, iterations: int, slots: dict[str, dict[int, np.ndarray]]) -> None:
         self.iterations, self.slots = iterations, slots
+
+    def serve(self, state: ShardedState) -> None:
+        """From now on, save and restore ``state``'s slices (a plan switch's successor):
+        the optimizer keeps tracking this one entry."""
+        self._state, state.checkpoint = state, self
 
     def restore(self, slots: dict[str, dict[int, np.ndarray]], iterations: int | None) -> None:
         """Whole arrays read from a checkpoint: set now, or when the slices are built."""

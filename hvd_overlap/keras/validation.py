@@ -8,6 +8,7 @@ import os
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
+from hvd_overlap.core.autoplan import SHARDED
 from hvd_overlap.core.plan import GATHER_METHODS
 
 #: measured against stock Horovod (tests/multirank/test_keras_usage.py): Nadam's momentum-schedule
@@ -116,7 +117,7 @@ def validate_auto(optimizer, strategy, bucket_bytes, defer, backward_passes_per_
     from hvd_overlap.core.plan import DEFAULT_BUCKET_BYTES
 
     auto = "auto"
-    tunable = ("layerwise", "deferred", "hybrid", "sharded", "sharded_hybrid")
+    tunable = ("layerwise", "deferred", "hybrid", *SHARDED)
     if strategy == auto:
         if bucket_bytes not in (auto, DEFAULT_BUCKET_BYTES) or defer not in (auto, None):
             raise ValueError("strategy='auto' chooses bucket_bytes and defer itself; to fix "
@@ -129,7 +130,7 @@ def validate_auto(optimizer, strategy, bucket_bytes, defer, backward_passes_per_
         raise ValueError(f"defer='auto' chooses the split of hybrid or sharded_hybrid; strategy "
                          f"{strategy!r} defers {'every' if strategy == 'deferred' else 'no'} "
                          "bucket")
-    if strategy in ("sharded", "sharded_hybrid") and exchange != "never":
+    if strategy in SHARDED and exchange != "never":
         raise ValueError(f"bucket_bytes/defer='auto' with strategy {strategy!r} does not combine "
                          f"with exchange={exchange!r} (the exchange patches the model's dense "
                          "layers for one plan): pass a bucket size, or exchange='never'")

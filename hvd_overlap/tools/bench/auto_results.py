@@ -4,12 +4,15 @@
 
 Each RUN.json is a ``hvd-overlap bench --json`` file with ``auto`` among its strategies. Per run:
 auto's step time against real stock Horovod's and against the best fixed strategy of the same
-run (stock included), and what auto chose in each round.
+run (stock included), with a 90% bootstrap interval of each ratio (rounds resampled, then
+steps within them: how far this machine's noise lets the figure move), and what auto chose in
+each round.
 """
 
 from __future__ import annotations
 
 import json
+import random
 import statistics
 import sys
 from pathlib import Path
@@ -30,6 +33,8 @@ def row(run: dict[str, Any]) -> dict[str, Any]:
             "best_s": fixed[best], "auto": auto, "vs_stock": fixed[STOCK] / auto,
             "vs_best": fixed[best] / auto,
             "vs_stock_rounds": round_ratios(raw, STOCK, AUTO),
+            "vs_stock_interval": ratio_interval(raw, STOCK, AUTO),
+            "vs_best_interval": ratio_interval(raw, best, AUTO),
             "picks": [p["choice"] for p in raw.get("auto_choices", [])],
             "settle_steps": [p["steps"] for p in raw.get("auto_choices", [])],
             "measured": run.get("measured", "-")}
@@ -45,6 +50,28 @@ def round_ratios(raw: dict[str, Any], reference: str, strategy: str) -> list[flo
             if a and b]
 
 
+def ratio_interval(raw: dict[str, Any], reference: str, strategy: str, level: float = 0.9,
+                   draws: int = 2000, seed: int = 0) -> tuple[float, float] | None:
+    """A ``level`` bootstrap interval of ``reference``'s step / ``strategy``'s (each the median
+    of its pooled steps, as ``report.step_time``): each draw resamples each strategy's rounds
+    with replacement, then the steps within every drawn round (a round's launches share a
+    machine state, so rounds are the unit that varies most). None without ``step_means``."""
+    means = raw.get("step_means") or {}
+    a, b = means.get(reference) or [], means.get(strategy) or []
+    if not any(a) or not any(b):
+        return None
+    rng = random.Random(seed)
+
+    def draw(rounds: list[list[float]]) -> float:
+        picked = [rng.choice(rounds) for _ in rounds]
+        return statistics.median([rng.choice(r) for r in picked for _ in r])
+
+    a, b = [r for r in a if r], [r for r in b if r]
+    ratios = sorted(draw(a) / draw(b) for _ in range(draws))
+    tail = (1 - level) / 2
+    return ratios[int(tail * (draws - 1))], ratios[int((1 - tail) * (draws - 1))]
+
+
 def markdown(runs: list[dict[str, Any]]) -> str:
     """The grid table and its worst cases."""
     rows = [row(r) for r in runs]
@@ -54,9 +81,9 @@ def markdown(runs: list[dict[str, Any]]) -> str:
 
     lines = [
         "| model | network | batch/rank | local ms | stock ms | stock wire ms | best fixed "
-        "(ms) | auto ms | auto / stock | per round | auto / best fixed | auto's pick per round "
-        "| measured |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        "(ms) | auto ms | auto / stock | 90% interval | per round | auto / best fixed | "
+        "90% interval | auto's pick per round | measured |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         c = r["config"]
         counts = {p: r["picks"].count(p) for p in dict.fromkeys(r["picks"])}
@@ -64,9 +91,10 @@ def markdown(runs: list[dict[str, Any]]) -> str:
         lines.append(
             f"| {c['model']} | {report.net_label(c)} | {c['batch_size']} | {ms(r['local'])} | "
             f"{ms(r['stock'])} | {ms(r['wire'])} | {r['best']} ({ms(r['best_s'])}) | "
-            f"{ms(r['auto'])} | {r['vs_stock']:.2f}x | "
+            f"{ms(r['auto'])} | {r['vs_stock']:.2f}x | {_span(r['vs_stock_interval'])} | "
             f"{', '.join(f'{x:.2f}' for x in r['vs_stock_rounds']) or '-'} | "
-            f"{r['vs_best']:.2f}x | {picks} | {r['measured']} |")
+            f"{r['vs_best']:.2f}x | {_span(r['vs_best_interval'])} | {picks} | "
+            f"{r['measured']} |")
     if rows:
         worst_stock = min(rows, key=lambda r: r["vs_stock"])
         worst_best = min(rows, key=lambda r: r["vs_best"])
@@ -75,8 +103,23 @@ def markdown(runs: list[dict[str, Any]]) -> str:
                       f"{worst_best['vs_best']:.2f}x ({_where(worst_best)}); runs with auto "
                       f">= 0.98x stock: {sum(r['vs_stock'] >= 0.98 for r in rows)} of "
                       f"{len(rows)}; within 3% of the best fixed: "
-                      f"{sum(r['vs_best'] >= 0.97 for r in rows)} of {len(rows)}."]
+                      f"{sum(r['vs_best'] >= 0.97 for r in rows)} of {len(rows)}. Of the "
+                      f"others, the 90% interval still reaches the bar in "
+                      f"{_reaching(rows, 'vs_stock', 0.98)} (stock) and "
+                      f"{_reaching(rows, 'vs_best', 0.97)} (best fixed): short of it by less "
+                      "than this machine's noise resolves."]
     return "\n".join(lines) + "\n"
+
+
+def _span(interval: tuple[float, float] | None) -> str:
+    return "-" if interval is None else f"{interval[0]:.2f}-{interval[1]:.2f}"
+
+
+def _reaching(rows: list[dict[str, Any]], key: str, bar: float) -> str:
+    """'k of n': of the rows below ``bar``, how many have an interval whose top reaches it."""
+    below = [r for r in rows if r[key] < bar]
+    reach = [r for r in below if r[f"{key}_interval"] and r[f"{key}_interval"][1] >= bar]
+    return f"{len(reach)} of {len(below)}"
 
 
 def _where(r: dict[str, Any]) -> str:

@@ -130,10 +130,10 @@ def test_config_validation():
     for bad in ({"model": "alexnet"}, {"steps": 0}, {"warmup": 0}, {"np": 0},
                 {"strategies": ("horovod", "nope")}, {"strategies": ()},
                 {"strategies": ("horovod", "horovod")}, {"net": "fast"}, {"timeout": 0},
-                {"net_model": "wifi"}):
+                {"net_model": "wifi"}, {"history": -1}):
         with pytest.raises(ValueError):
             BenchConfig(**bad).validate()
-    cfg = BenchConfig(strategies=("horovod",), net="1gbit", net_model="loopback")
+    cfg = BenchConfig(strategies=("horovod",), net="1gbit", net_model="loopback", history=40)
     assert BenchConfig.from_json(cfg.to_json()) == cfg
 
 
@@ -245,7 +245,7 @@ def test_end_to_end_auto_chooses_before_timing(tmp_path):
     result = CliRunner().invoke(main, [
         "bench", "--model", "mlp", "--tiny", "--np", "2", "--batch-size", "8", "--steps", "3",
         "--warmup", "1", "--rounds", "1", "--timeout", "300", "--strategies", "stock,auto",
-        "--one-per-launch", "--json", str(out)])
+        "--one-per-launch", "--history", "15", "--json", str(out)])
     assert result.exit_code == 0, result.output
     doc = json.loads(out.read_text())
     assert doc["strategies"]["auto"]["ratio_to_stock"] > 0
@@ -255,6 +255,9 @@ def test_end_to_end_auto_chooses_before_timing(tmp_path):
     assert pick["settled"] and pick["steps"] >= 10 and len(pick["measured_ms"]) == 3
     assert pick["choice"] in pick["measured_ms"]
     assert "auto, round 1: chose " + pick["choice"] in result.output
+    # --history: stock trained 15 untimed steps first; auto's choice counts towards them
+    assert doc["raw"]["history_steps"] == {STOCK: [15], AUTO: [max(15, pick["steps"])]}
+    assert "after 15 untimed" in result.output
 
 
 def test_end_to_end_on_two_emulated_hosts(tmp_path):

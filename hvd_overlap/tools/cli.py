@@ -117,13 +117,16 @@ def timeline(timeline_file: str, limit: int, per_step: int | None, plot_path: st
 @click.option("--one-per-launch", is_flag=True,
               help="every strategy in a launch (process) of its own, as stock's, instead of "
                    "the plugin's strategies sharing one launch per round")
+@click.option("--history", type=int, default=0, show_default=True,
+              help="untimed steps every strategy trains (fits of 10) before its timed ones, as "
+                   "auto does while it chooses: every strategy timed at the same process age")
 @click.option("--timeout", type=float, default=1800, show_default=True,
               help="seconds before the launch is stopped")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="write numbers here")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="bar chart (.png)")
 def bench(model: str, np_: int, batch_size: int, steps: int, warmup: int, rounds: int,
           strategies: str | None, net: str, net_model: str, no_pin: bool, tiny: bool,
-          one_per_launch: bool, timeout: float, json_path: str | None,
+          one_per_launch: bool, history: int, timeout: float, json_path: str | None,
           plot_path: str | None) -> None:
     """Measure every strategy against real stock Horovod (`stock`, in processes that never
     import the plugin) and the compute-only bound (`local`), interleaved."""
@@ -135,7 +138,7 @@ def bench(model: str, np_: int, batch_size: int, steps: int, warmup: int, rounds
         cfg = BenchConfig(model=model, np=np_, batch_size=batch_size, steps=steps,
                           warmup=warmup, rounds=rounds, net=net, net_model=net_model,
                           pin=not no_pin, tiny=tiny, one_per_launch=one_per_launch,
-                          timeout=timeout, **fields).validate()
+                          history=history, timeout=timeout, **fields).validate()
     except ValueError as e:
         raise click.UsageError(str(e)) from None
     click.echo(f"bench: {', '.join(cfg.strategies)} on {cfg.model}, {cfg.np} ranks, "

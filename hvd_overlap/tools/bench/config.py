@@ -57,7 +57,9 @@ class BenchConfig:
     tc rate (``1gbit``) of the emulated network ``net_model`` (``hosts`` or ``loopback``, see
     ``hvd_overlap.tools.netns``). ``one_per_launch``: every strategy in a launch of its own
     (otherwise the plugin's strategies share one launch per round, and stock and local
-    another)."""
+    another). ``history``: untimed steps every strategy trains, in fits of 10, before its timed
+    ones -- as ``auto`` does while it chooses (its choice counts towards them) --, so that every
+    strategy is timed at the same age of its process."""
 
     model: str = "vgg"
     np: int = 2
@@ -73,6 +75,7 @@ class BenchConfig:
     seed: int = 0
     timeout: float = 1800.0
     one_per_launch: bool = False
+    history: int = 0
 
     def validate(self) -> BenchConfig:
         """Raise ValueError naming the bad setting; return self."""
@@ -85,6 +88,8 @@ class BenchConfig:
                 raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
         if self.timeout <= 0:
             raise ValueError("--timeout must be positive")
+        if self.history < 0:
+            raise ValueError("--history is a number of untimed steps: 0 or more")
         known = (*all_strategies(), AUTO)
         unknown = [s for s in self.strategies if plugin_options(s)[0] not in known]
         if unknown or not self.strategies:

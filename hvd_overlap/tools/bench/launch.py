@@ -150,7 +150,10 @@ def merge(cfg: BenchConfig, launches: list[dict[str, Any]]) -> dict[str, Any]:
     samples: dict[str, list[list[float]]] = {s: [] for s in cfg.strategies}
     means: dict[str, list[list[float]]] = {s: [] for s in cfg.strategies}
     link: dict[str, list[list[float | None]]] = {s: [] for s in cfg.strategies}
+    history: dict[str, list[int]] = {s: [] for s in cfg.strategies}  # untimed steps, per round
     for raw in launches:
+        for s, n in raw["history_steps"].items():
+            history[s].append(n)
         for s, t in raw["step_times"].items():
             times[s].append(t)
             samples[s].append(raw["step_samples"][s])
@@ -167,7 +170,7 @@ def merge(cfg: BenchConfig, launches: list[dict[str, Any]]) -> dict[str, Any]:
             "step_samples": samples, "step_means": means, "link_bytes_per_step": link,
             "wire_time_per_step_s": {s: w and w["all"] for s, w in wire.items()},
             "wire_by_collective_s": wire, "optimizer_state_bytes": memory,
-            "sent_bytes_per_step": sent,
+            "sent_bytes_per_step": sent, "history_steps": history,
             "launches": [{k: raw[k] for k in ("round", "strategies", "clean_process",
                                               "plugin_modules", "horovod_env", "load_avg_1min")}
                          for raw in launches],

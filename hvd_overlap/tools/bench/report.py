@@ -140,13 +140,14 @@ def net_label(c: dict[str, Any]) -> str:
 def headline(raw: dict[str, Any]) -> str:
     """One line saying what was measured."""
     c = raw["config"]
+    aged = f", after {c['history']} untimed" if c.get("history") else ""
     return (f"{c['model']}{' (tiny)' if c.get('tiny') else ''}: {raw['params'] / 1e6:.2f} M "
             f"params, {raw['grad_bytes'] / 2**20:.1f} MiB of gradients; {raw['ranks']} ranks x "
             f"{c['batch_size']}/rank, net {net_label(c)}, "
             f"{'pinned' if raw['pinned'] else 'unpinned'}"
             f"{', each strategy in its own launch' if c.get('one_per_launch') else ''};"
             f" {c['rounds']} interleaved rounds x {c['steps']} timed steps "
-            f"({c['warmup']} warm-up excluded); "
+            f"({c['warmup']} warm-up excluded{aged}); "
             + ("median step over all rounds" if raw.get("step_means")
                else "median over rounds of the mean step")
             + (f"; host load {raw['load_avg_1min']:.1f} at the end" if "load_avg_1min" in raw

@@ -152,6 +152,18 @@ class Trainee:
         return timer.durations
 
 
+def age(trainee: Trainee, data: tf.data.Dataset, steps: int) -> int:
+    """Train ``steps`` untimed steps (none if ``steps`` <= 0) in fits of at most 10, as
+    ``settle`` does; the steps trained."""
+    done = 0
+    while done < steps:
+        n = min(10, steps - done)
+        trainee.model.fit(data, epochs=1, steps_per_epoch=n, verbose=0,
+                          callbacks=trainee.callbacks)
+        done += n
+    return done
+
+
 def settle(trainee: Trainee, data: tf.data.Dataset, limit: int = 200) -> dict[str, Any]:
     """``auto`` (or the exchange's ``exchange_forward="auto"``): train (untimed) until its
     online check has chosen, in fits of 10 steps (every rank stops at the same fit: the
@@ -236,6 +248,10 @@ def run(job: Job) -> dict[str, Any] | None:
             if rank == 0:
                 progress(f"round {job.round + 1}/{cfg.rounds} {s} settled in "
                          f"{checked['steps']} steps: {checked['choice']}")
+    history: dict[str, int] = {}  # untimed steps before the timed ones (--history)
+    for s in names:
+        before = (chosen if s == AUTO else settled.get(s, {})).get("steps", 0)
+        history[s] = before + age(trainees[s], data, cfg.history - before)
     for s in names[r:] + names[:r]:
         mine = trainees[s].run(data, cfg.warmup, cfg.steps)
         every = hvd.allgather_object(mine, name=f"hvdo.bench.{job.round}.{s}")
@@ -268,7 +284,7 @@ def run(job: Job) -> dict[str, Any] | None:
             "grad_bytes": gradient_bytes(model), "step_times": times,
             "step_samples": samples, "step_means": means, "link_bytes_per_step": link,
             "timelines": timelines,
-            "auto": chosen, "exchange_checks": settled,
+            "auto": chosen, "exchange_checks": settled, "history_steps": history,
             "optimizer_state_bytes": memory, "clean_process": clean, "plugin_modules": loaded,
             "pinned": pinned is not None, "load_avg_1min": os.getloadavg()[0],
             "horovod_env": {k: v for k, v in sorted(os.environ.items())

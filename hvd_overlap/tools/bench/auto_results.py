@@ -57,8 +57,9 @@ def ratio_interval(raw: dict[str, Any], reference: str, strategy: str, level: fl
     with replacement, then the steps within every drawn round (a round's launches share a
     machine state, so rounds are the unit that varies most). None without ``step_means``."""
     means = raw.get("step_means") or {}
-    a, b = means.get(reference) or [], means.get(strategy) or []
-    if not any(a) or not any(b):
+    a = [r for r in means.get(reference) or [] if r]
+    b = [r for r in means.get(strategy) or [] if r]
+    if not a or not b:
         return None
     rng = random.Random(seed)
 
@@ -66,7 +67,6 @@ def ratio_interval(raw: dict[str, Any], reference: str, strategy: str, level: fl
         picked = [rng.choice(rounds) for _ in rounds]
         return statistics.median([rng.choice(r) for r in picked for _ in r])
 
-    a, b = [r for r in a if r], [r for r in b if r]
     ratios = sorted(draw(a) / draw(b) for _ in range(draws))
     tail = (1 - level) / 2
     return ratios[int(tail * (draws - 1))], ratios[int((1 - tail) * (draws - 1))]

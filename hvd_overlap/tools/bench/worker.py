@@ -153,8 +153,8 @@ class Trainee:
 
 
 def age(trainee: Trainee, data: tf.data.Dataset, steps: int) -> int:
-    """Train ``steps`` untimed steps (none if ``steps`` <= 0) in fits of at most 10, as
-    ``settle`` does; the steps trained."""
+    """Train ``steps`` untimed steps (none if ``steps`` <= 0) in fits of at most 10 (``settle``
+    trains in the same fits); the steps trained."""
     done = 0
     while done < steps:
         n = min(10, steps - done)
@@ -171,9 +171,7 @@ def settle(trainee: Trainee, data: tf.data.Dataset, limit: int = 200) -> dict[st
     ex = trainee.model.optimizer._hvdo
     steps, start = 0, time.perf_counter()
     while steps == 0 or not ex.settled and steps < limit:
-        trainee.model.fit(data, epochs=1, steps_per_epoch=10, verbose=0,
-                          callbacks=trainee.callbacks)
-        steps += 10
+        steps += age(trainee, data, 10)
     out = {"settled": ex.settled, "steps": steps, "seconds": time.perf_counter() - start}
     if not hasattr(ex, "current"):  # a sharded executor: its plan's notes say what it chose
         return {**out, "choice": "; ".join(n for n in ex.plan.notes if "exchange" in n)}

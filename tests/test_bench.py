@@ -254,6 +254,10 @@ def test_end_to_end_auto_chooses_before_timing(tmp_path):
     (pick,) = doc["raw"]["auto_choices"]
     assert pick["settled"] and pick["steps"] >= 10 and len(pick["measured_ms"]) == 3
     assert pick["choice"] in pick["measured_ms"]
+    # a choice other than stock fusion was measured again beside it (and kept only if faster)
+    again = pick["confirmed_ms"]
+    fastest = min(pick["measured_ms"], key=pick["measured_ms"].get)
+    assert not again or set(again) == {"horovod (stock fusion)", fastest}
     assert "auto, round 1: chose " + pick["choice"] in result.output
     # --history: stock trained 15 untimed steps first; auto's choice counts towards them
     assert doc["raw"]["history_steps"] == {STOCK: [15], AUTO: [max(15, pick["steps"])]}

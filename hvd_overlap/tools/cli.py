@@ -156,7 +156,9 @@ def bench(model: str, np_: int, batch_size: int, steps: int, warmup: int, rounds
     for pick in raw.get("auto_choices", []):
         click.echo(f"auto, round {pick['round'] + 1}: chose {pick['choice']} after "
                    f"{pick['steps']} untimed steps ({pick['seconds']:.1f} s); measured "
-                   + ", ".join(f"{k} {v:.1f} ms" for k, v in pick["measured_ms"].items()))
+                   + ", ".join(f"{k} {v:.1f} ms" for k, v in pick["measured_ms"].items())
+                   + "".join(f"; again: {k} {v:.1f} ms"
+                             for k, v in pick.get("confirmed_ms", {}).items()))
     if json_path:
         report.write_json(json_path, raw, summary)
     if plot_path:

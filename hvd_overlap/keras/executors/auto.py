@@ -11,8 +11,11 @@ time, by the simulator's prediction and then by measurement.
 3. The predicted best and the best of another strategy each get a trial of the same length,
    then the probe a second one (its first ran in the process's first steps, which stall more
    often; this one replaces it); the fastest measured plan is kept (the probe unless another
-   is faster by more than ``MEASURED_MARGIN``), and rank 0 logs the choice with the reason,
-   once.
+   is faster by more than ``MEASURED_MARGIN``).
+4. A choice other than the probe is confirmed: the probe runs one more trial, then the choice
+   (the executor that will stay), and the choice is kept only if it is faster again by the same
+   margin -- a plan picked for one lucky trial (seven steps time a plan to a few per cent on a
+   shared machine) falls back to the probe. Rank 0 logs the choice with the reason, once.
 
 A trial ends after a fixed number of steps, the same on every rank whatever each rank could
 time, and its timing is averaged over the ranks before it is compared: every rank takes the
@@ -41,7 +44,7 @@ from hvd_overlap.comm.methods import Grad, GradientMethod, SliceMethod
 from hvd_overlap.comm.planner import Planner
 from hvd_overlap.core import autoplan
 from hvd_overlap.core.autoplan import Candidate
-from hvd_overlap.core.plan import Plan, layer_of
+from hvd_overlap.core.plan import Plan, VarSpec, layer_of
 from hvd_overlap.core.simulate import Cluster
 from hvd_overlap.keras.executors.base import Executor, Plain
 from hvd_overlap.keras.executors.forward_phase import ForwardPhase
@@ -114,6 +117,8 @@ class AutoExecutor(Executor):
         self.queue: list[Candidate] | None = None   # None: the model has not ranked yet
         self.first_probe_s: float | None = None     # the probe's first trial (fits the model)
         self.forced_trials: list[Candidate] | None = None  # tests: measure these instead
+        self.confirming: Candidate | None = None    # the first pass's choice, measured again
+        self.confirmed: dict[Candidate, float] = {}  # the second pass: the probe, the choice
         self.settled = False
         self.reason = f"measuring {probe.describe()} first"
         self.log: list[str] = []
@@ -128,6 +133,7 @@ class AutoExecutor(Executor):
         self.switches = 0
         self.predicted: dict[Candidate, float] = {}  # the simulator's step of each candidate
         self._marks = ForwardPhase("auto")  # which graphs run the pre-forward phase
+        self._specs: tuple[VarSpec, ...] | None = None  # what the last plan was built for
 
     # -- the executor in use ---------------------------------------------------------------
 
@@ -145,6 +151,9 @@ class AutoExecutor(Executor):
     @property
     def last_plan(self) -> Plan | None:
         plan = self.child().last_plan
+        if plan is None and self._specs is not None:  # switched after the last step run
+            planner = self.child().planner
+            plan = planner.strategy.build_plan(self._specs, planner.options)
         if plan is None:
             return None
         note = f"{self.label}: {self.current.describe()} -- {self.reason}"
@@ -248,11 +257,12 @@ class AutoExecutor(Executor):
         mine = [float(np.median(self._samples)), 1.0] if self._samples else [0.0, 0.0]
         total, timed = self._agree(mine)  # averages: the mean over the ranks that timed steps
         self._samples, self._steps = [], 0
-        if not timed:  # no rank had a steady step (tiny epochs): this plan counts as slowest
-            step = float("inf")
+        # no rank had a steady step (tiny epochs): this plan counts as the slowest
+        step = total / timed if timed else float("inf")
+        if self.confirming is not None:
+            self.confirmed[self.current] = step
         else:
-            step = total / timed
-        self.measured[self.current] = step
+            self.measured[self.current] = step
         if self.queue is None:
             self.first_probe_s = step
             trials = self._rank(step)
@@ -262,11 +272,36 @@ class AutoExecutor(Executor):
         if self.queue:
             self._switch(self.queue.pop(0))
             return
-        best = autoplan.pick(self.measured, self.probe)
-        self.reason = self._why(best)
-        self._switch(best)
+        if self.confirming is None:
+            best = autoplan.pick(self.measured, self.probe)
+            self.reason = self._why(best)
+            if best != self.probe:
+                # the probe (running now) once more, then the choice: the same two, measured
+                # again side by side, decide; the choice's executor is the one that stays
+                self.confirming, self.queue = best, [best]
+                return
+            self._settle(best)
+            return
+        self._settle(self._second_pass())
+
+    def _second_pass(self) -> Candidate:
+        """The first pass's choice if the second pass confirms it, else the probe."""
+        best, probe = self.confirming, self.probe
+        again = autoplan.pick(self.confirmed, probe)
+        b, p = self.confirmed[best] * 1e3, self.confirmed[probe] * 1e3
+        if again == best:
+            self.reason += f"; confirmed: {b:.1f} vs {p:.1f} ms/step"
+        else:
+            self.reason = (f"{best.describe()} was faster in its first trial "
+                           f"({self.measured[best] * 1e3:.1f} vs "
+                           f"{self.measured[probe] * 1e3:.1f} ms/step) but not in its second "
+                           f"({b:.1f} vs {p:.1f} ms/step): keeping {probe.describe()}")
+        return again
+
+    def _settle(self, choice: Candidate) -> None:
+        self._switch(choice)
         self.settled = True
-        self._say(f"{self.label} chose {best.describe()}: {self.reason}")
+        self._say(f"{self.label} chose {choice.describe()}: {self.reason}")
 
     def _rank(self, probe_s: float) -> list[Candidate]:
         """The candidates to measure next, from the simulator (or ``forced_trials``)."""
@@ -315,6 +350,8 @@ class AutoExecutor(Executor):
             return
         old = self.child()
         old.flush()
+        if old.last_plan is not None:  # the variables planned for, until c traces its own
+            self._specs = old.last_plan.variables
         self._child, self.current = None, c
         if old.checkpoint_entry is not None:  # sharded: the slot state is re-cut for c's slices
             old.state.hand_over(self.child().state)

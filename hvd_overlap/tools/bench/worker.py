@@ -176,7 +176,12 @@ def settle(trainee: Trainee, data: tf.data.Dataset, limit: int = 200) -> dict[st
     if not hasattr(ex, "current"):  # a sharded executor: its plan's notes say what it chose
         return {**out, "choice": "; ".join(n for n in ex.plan.notes if "exchange" in n)}
     return {**out, "choice": ex.current.describe(), "keywords": ex.current.keywords(),
-            "log": ex.log, "measured_ms": {c.describe(): t * 1e3 for c, t in ex.measured.items()}}
+            "log": ex.log, "measured_ms": _ms(ex.measured), "confirmed_ms": _ms(ex.confirmed)}
+
+
+def _ms(times: dict[Any, float]) -> dict[str, float]:
+    """Seconds by candidate -> milliseconds by the candidate's description."""
+    return {c.describe(): t * 1e3 for c, t in times.items()}
 
 
 def record_timeline(trainee: Trainee, data: tf.data.Dataset, steps: int, path: str) -> bool:

@@ -336,8 +336,10 @@ class AutoExecutor(Executor):
                  sorted(self.measured.items(), key=lambda ct: ct[1])]
         ref = self.measured[self.probe]
         said = self.predicted.get(best)
-        return (f"measured {self.measured[best] * 1e3:.1f} vs {self.probe.describe()} "
-                f"{ref * 1e3:.1f} ms/step ({ref / self.measured[best]:.2f}x"
+        mine = self.measured[best]
+        ratio = f"{ref / mine:.2f}x" if math.isfinite(mine) else "no steady step timed"
+        return (f"measured {mine * 1e3:.1f} vs {self.probe.describe()} "
+                f"{ref * 1e3:.1f} ms/step ({ratio}"
                 + (f"; predicted {said * 1e3:.1f} ms" if said is not None else "")
                 + "); measured: " + ", ".join(parts)
                 + (f" ({self.probe.describe()}'s first trial: {self.first_probe_s * 1e3:.1f} ms)"

@@ -133,6 +133,14 @@ def test_config_validation():
                 {"net_model": "wifi"}, {"history": -1}):
         with pytest.raises(ValueError):
             BenchConfig(**bad).validate()
+    # replicas: NAME#K (K >= 2) of a fixed strategy that is measured too
+    BenchConfig(strategies=(STOCK, "stock#2", "layerwise", "layerwise#3")).validate()
+    for bad_replica, says in ((("stock#2",), "list stock too"), ((STOCK, "stock#1"), "K >= 2"),
+                              ((STOCK, "stock#x"), "K >= 2"),
+                              ((AUTO, "auto#2"), "for fixed strategies"),
+                              (("sharded+auto", "sharded+auto#2"), "for fixed strategies")):
+        with pytest.raises(ValueError, match=says):
+            BenchConfig(strategies=bad_replica).validate()
     cfg = BenchConfig(strategies=("horovod",), net="1gbit", net_model="loopback", history=40)
     assert BenchConfig.from_json(cfg.to_json()) == cfg
 
@@ -148,6 +156,19 @@ def test_launch_plan_runs_the_clean_baseline_in_launches_of_its_own():
                                            one_per_launch=True))
     assert alone == [(0, (STOCK,)), (0, ("layerwise",)), (0, (LOCAL,)),
                      (1, ("layerwise",)), (1, (LOCAL,)), (1, (STOCK,))]
+
+
+def test_a_replica_runs_where_its_strategy_runs():
+    from hvd_overlap.tools.bench.config import base_name, is_clean_group, plugin_options
+
+    assert base_name("stock#2") == STOCK and base_name("sharded+exchange#2") == "sharded+exchange"
+    assert is_clean_group(["stock#2", LOCAL]) and not is_clean_group(["stock#2", "layerwise#2"])
+    assert plugin_options("sharded+alltoall#2") == ("sharded", {"gather_with": "alltoall"})
+    cfg = BenchConfig(strategies=(STOCK, "stock#2", "layerwise", "layerwise#2", LOCAL), rounds=1)
+    assert launch.launch_plan(cfg) == [(0, (STOCK, "stock#2", LOCAL)),
+                                       (0, ("layerwise", "layerwise#2"))]
+    raw = {**RAW, "step_times": {**RAW["step_times"], "local#2": [0.4]}}
+    assert report.summarize(raw)["local#2"]["bytes_per_step"] == 0
 
 
 def test_a_clean_process_refuses_to_have_loaded_the_plugin():
@@ -244,12 +265,16 @@ def test_end_to_end_auto_chooses_before_timing(tmp_path):
     out = tmp_path / "bench.json"
     result = CliRunner().invoke(main, [
         "bench", "--model", "mlp", "--tiny", "--np", "2", "--batch-size", "8", "--steps", "3",
-        "--warmup", "1", "--rounds", "1", "--timeout", "300", "--strategies", "stock,auto",
-        "--one-per-launch", "--history", "15", "--json", str(out)])
+        "--warmup", "1", "--rounds", "1", "--timeout", "300", "--strategies",
+        "stock,stock#2,auto", "--one-per-launch", "--history", "15", "--json", str(out)])
     assert result.exit_code == 0, result.output
     doc = json.loads(out.read_text())
     assert doc["strategies"]["auto"]["ratio_to_stock"] > 0
-    assert [x["strategies"] for x in doc["raw"]["launches"]] == [[STOCK], [AUTO]]
+    launches = doc["raw"]["launches"]
+    assert [x["strategies"] for x in launches] == [[STOCK], ["stock#2"], [AUTO]]
+    # the A/A control: a second stock, in a clean process of its own, timed as stock
+    assert launches[1]["clean_process"] and launches[1]["plugin_modules"] == []
+    assert doc["strategies"]["stock#2"]["ratio_to_stock"] > 0
     assert doc["raw"]["clean_baseline"] and "each strategy in its own launch" in result.output
     (pick,) = doc["raw"]["auto_choices"]
     assert pick["settled"] and pick["steps"] >= 10 and len(pick["measured_ms"]) == 3
@@ -260,7 +285,8 @@ def test_end_to_end_auto_chooses_before_timing(tmp_path):
     assert not again or set(again) == {"horovod (stock fusion)", fastest}
     assert "auto, round 1: chose " + pick["choice"] in result.output
     # --history: stock trained 15 untimed steps first; auto's choice counts towards them
-    assert doc["raw"]["history_steps"] == {STOCK: [15], AUTO: [max(15, pick["steps"])]}
+    assert doc["raw"]["history_steps"] == {STOCK: [15], "stock#2": [15],
+                                           AUTO: [max(15, pick["steps"])]}
     assert "after 15 untimed" in result.output
 
 
@@ -312,8 +338,18 @@ def test_auto_results_rows_ratios_and_rounds():
     best_lo, best_hi = row["vs_best_interval"]  # layerwise steady at 0.5; auto 0.4 to 0.5
     assert 1.0 <= best_lo < 0.5 / 0.45 < best_hi <= 1.25
     assert (f"| 2.00x | {lo:.2f}-{hi:.2f} | 2.00, 2.00 | 1.11x | ") in text
-    assert "| layerwise, 1.0MiB buckets (2/2) | 2026-12-01 14:00 UTC |" in text
+    assert "| layerwise, 1.0MiB buckets (2/2) | - | 2026-12-01 14:00 UTC |" in text
     assert "runs with auto >= 0.98x stock: 1 of 1; within 3% of the best fixed: 1 of 1" in text
+    assert row["control"] is None
+    # the A/A control: a second stock entry, faster by luck, is not a "best fixed" strategy
+    again = {**raw, "step_times": {**raw["step_times"], "stock#2": [0.3] * 2},
+             "step_means": {**raw["step_means"], "stock#2": [[0.3, 0.3], [0.3, 0.3]]}}
+    row = auto_results.row({"strategies": report.summarize(again), "raw": again})
+    assert row["best"] == "layerwise" and row["control"] == pytest.approx(0.9 / 0.3)
+    lo, hi = row["control_interval"]
+    assert lo < 0.9 / 0.3 < hi
+    assert f"| {0.9 / 0.3:.2f}x ({lo:.2f}-{hi:.2f}) |" in auto_results.markdown(
+        [{"strategies": report.summarize(again), "raw": again}])
 
 
 def test_auto_results_interval_is_the_ratio_when_steps_agree_and_none_without_steps():

@@ -106,7 +106,9 @@ def timeline(timeline_file: str, limit: int, per_step: int | None, plot_path: st
 @click.option("--strategies", help="comma-separated; default: every strategy, then local; "
                                        "add auto for strategy='auto' (it chooses before timing); "
                                        "a sharded strategy takes options after '+': exchange, "
-                                       "gather, rows, alltoall, auto (bucket_bytes='auto')")
+                                       "gather, rows, alltoall, auto (bucket_bytes='auto'); "
+                                       "NAME#2 is a second, independent entry of a fixed "
+                                       "strategy (stock,stock#2: the bench's own noise)")
 @click.option("--net", default="plain", show_default=True,
               help="plain loopback, or an emulated link rate such as 1gbit, 500mbit (root)")
 @click.option("--net-model", type=click.Choice(["hosts", "loopback"]), default="hosts",

@@ -6,7 +6,8 @@ Each RUN.json is a ``hvd-overlap bench --json`` file with ``auto`` among its str
 auto's step time against real stock Horovod's and against the best fixed strategy of the same
 run (stock included), with a 90% bootstrap interval of each ratio (rounds resampled, then
 steps within them: how far this machine's noise lets the figure move), and what auto chose in
-each round.
+each round. A run that also measured ``stock#2`` (a second, independent stock entry) shows
+stock / stock#2: the same code against itself, the ratio this machine cannot resolve.
 """
 
 from __future__ import annotations
@@ -19,13 +20,18 @@ from pathlib import Path
 from typing import Any
 
 from hvd_overlap.tools.bench import report
-from hvd_overlap.tools.bench.config import AUTO, LOCAL, STOCK
+from hvd_overlap.tools.bench.config import AUTO, LOCAL, REPLICA, STOCK
+
+#: the A/A control: a second stock entry
+STOCK_AGAIN = f"{STOCK}{REPLICA}2"
 
 
 def row(run: dict[str, Any]) -> dict[str, Any]:
-    """One run's figures: step times (s), the best fixed strategy, auto's ratios and picks."""
+    """One run's figures: step times (s), the best fixed strategy (replicas not counted: a
+    second draw of one strategy would favour it), auto's ratios and picks, the A/A control."""
     s, raw = run["strategies"], run["raw"]
-    fixed = {n: m["step_time_s"] for n, m in s.items() if n not in (AUTO, LOCAL)}
+    fixed = {n: m["step_time_s"] for n, m in s.items()
+             if n not in (AUTO, LOCAL) and REPLICA not in n}
     best = min(fixed, key=lambda n: fixed[n])
     auto = s[AUTO]["step_time_s"]
     return {"config": raw["config"], "local": s.get(LOCAL, {}).get("step_time_s"),
@@ -37,6 +43,10 @@ def row(run: dict[str, Any]) -> dict[str, Any]:
             "vs_best_interval": ratio_interval(raw, best, AUTO),
             "picks": [p["choice"] for p in raw.get("auto_choices", [])],
             "settle_steps": [p["steps"] for p in raw.get("auto_choices", [])],
+            "control": fixed[STOCK] / s[STOCK_AGAIN]["step_time_s"] if STOCK_AGAIN in s
+            else None,
+            "control_interval": ratio_interval(raw, STOCK, STOCK_AGAIN) if STOCK_AGAIN in s
+            else None,
             "measured": run.get("measured", "-")}
 
 
@@ -82,8 +92,9 @@ def markdown(runs: list[dict[str, Any]]) -> str:
     lines = [
         "| model | network | batch/rank | local ms | stock ms | stock wire ms | best fixed "
         "(ms) | auto ms | auto / stock | 90% interval | per round | auto / best fixed | "
-        "90% interval | auto's pick per round | measured |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        "90% interval | auto's pick per round | A/A: stock / stock#2 (90% interval) | "
+        "measured |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         c = r["config"]
         counts = {p: r["picks"].count(p) for p in dict.fromkeys(r["picks"])}
@@ -94,7 +105,7 @@ def markdown(runs: list[dict[str, Any]]) -> str:
             f"{ms(r['auto'])} | {r['vs_stock']:.2f}x | {_span(r['vs_stock_interval'])} | "
             f"{', '.join(f'{x:.2f}' for x in r['vs_stock_rounds']) or '-'} | "
             f"{r['vs_best']:.2f}x | {_span(r['vs_best_interval'])} | {picks} | "
-            f"{r['measured']} |")
+            f"{_control(r)} | {r['measured']} |")
     if rows:
         worst_stock = min(rows, key=lambda r: r["vs_stock"])
         worst_best = min(rows, key=lambda r: r["vs_best"])
@@ -109,6 +120,12 @@ def markdown(runs: list[dict[str, Any]]) -> str:
                       f"{_reaching(rows, 'vs_best', 0.97)} (best fixed): short of it by less "
                       "than this machine's noise resolves."]
     return "\n".join(lines) + "\n"
+
+
+def _control(r: dict[str, Any]) -> str:
+    if r["control"] is None:
+        return "-"
+    return f"{r['control']:.2f}x ({_span(r['control_interval'])})"
 
 
 def _span(interval: tuple[float, float] | None) -> str:

@@ -22,13 +22,23 @@ AUTO = "auto"
 SHARDED_OPTIONS = {"exchange": {"exchange": "auto"}, "alltoall": {"gather_with": "alltoall"},
                    "gather": {"exchange_forward": "gather"}, "rows": {"exchange_forward": "rows"},
                    "auto": {"bucket_bytes": AUTO}}
+#: ``NAME#K`` in ``--strategies`` (K >= 2): another, independent entry of the fixed strategy
+#: NAME, launched and timed as NAME is -- ``stock,stock#2`` measures the bench's own noise (an
+#: A/A control: the same code in two entries, so any ratio between them is the machine's).
+REPLICA = "#"
+
+
+def base_name(name: str) -> str:
+    """The strategy a bench entry runs: ``stock#2`` -> ``stock`` (other names unchanged)."""
+    return name.split(REPLICA, 1)[0]
 
 
 def plugin_options(name: str) -> tuple[str, dict[str, str]]:
     """A bench strategy name as ``DistributedOptimizer``'s strategy and extra keywords
     (``sharded+exchange+alltoall``: ``"sharded"``, ``exchange="auto"``,
-    ``gather_with="alltoall"``). Raises ValueError for an unknown option."""
-    base, *opts = name.split("+")
+    ``gather_with="alltoall"``; a replica's ``#K`` dropped). Raises ValueError for an unknown
+    option."""
+    base, *opts = base_name(name).split("+")
     extra: dict[str, str] = {}
     for o in opts:
         if o not in SHARDED_OPTIONS or not base.startswith("sharded"):
@@ -40,7 +50,21 @@ def plugin_options(name: str) -> tuple[str, dict[str, str]]:
 
 def is_clean_group(strategies: Iterable[str]) -> bool:
     """True if these strategies all run in the clean (plugin-free) baseline process."""
-    return set(strategies) <= set(CLEAN)
+    return {base_name(s) for s in strategies} <= set(CLEAN)
+
+
+def _check_replica(name: str, strategies: tuple[str, ...]) -> None:
+    """Raise ValueError for a malformed replica entry (``NAME#K``)."""
+    if REPLICA not in name:
+        return
+    base, k = name.split(REPLICA, 1)
+    if not k.isdigit() or int(k) < 2:
+        raise ValueError(f"--strategies {name}: a replica is NAME#K with K >= 2 (stock#2)")
+    if base == AUTO or plugin_options(base)[1].get("bucket_bytes") == AUTO:
+        raise ValueError(f"--strategies {name}: replicas are for fixed strategies; auto "
+                         "settles once per launch (compare it with stock#2 instead)")
+    if base not in strategies:
+        raise ValueError(f"--strategies {name}: list {base} too (the replica is its control)")
 
 
 def all_strategies() -> tuple[str, ...]:
@@ -96,7 +120,10 @@ class BenchConfig:
             raise ValueError(f"--strategies {','.join(unknown) or '(empty)'}: choose from "
                              f"{', '.join(known)} (sharded ones with +exchange, +alltoall)")
         if len(set(self.strategies)) != len(self.strategies):
-            raise ValueError("--strategies: a strategy is named twice")
+            raise ValueError("--strategies: a strategy is named twice (a second entry of "
+                             "the same strategy is NAME#2)")
+        for s in self.strategies:
+            _check_replica(s, self.strategies)
         parse_net(self.net)
         from hvd_overlap.tools.netns import NET_MODELS
 

@@ -26,7 +26,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from hvd_overlap.tools.bench.config import CLEAN, BenchConfig, is_clean_group
+from hvd_overlap.tools.bench.config import BenchConfig, is_clean_group
 from hvd_overlap.tools.bench.worker import PROGRESS, Job
 from hvd_overlap.tools.hostrun import run_on_hosts, stop_all
 from hvd_overlap.tools.netns import (
@@ -72,8 +72,8 @@ def launch_plan(cfg: BenchConfig) -> list[tuple[int, tuple[str, ...]]]:
     if cfg.one_per_launch:
         groups = [(s,) for s in cfg.strategies]
     else:
-        groups = [g for g in (tuple(s for s in cfg.strategies if s in CLEAN),
-                              tuple(s for s in cfg.strategies if s not in CLEAN)) if g]
+        clean = tuple(s for s in cfg.strategies if is_clean_group([s]))
+        groups = [g for g in (clean, tuple(s for s in cfg.strategies if s not in clean)) if g]
     return [(r, g) for r in range(cfg.rounds)
             for g in groups[r % len(groups):] + groups[:r % len(groups)]]
 

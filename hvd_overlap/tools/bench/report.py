@@ -39,7 +39,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from hvd_overlap.tools.bench.config import LOCAL, STOCK
+from hvd_overlap.tools.bench.config import LOCAL, STOCK, base_name
 from hvd_overlap.tools.timeline import GATHER_OPS
 
 Summary = dict[str, dict[str, Any]]
@@ -51,7 +51,7 @@ def summarize(raw: dict[str, Any]) -> Summary:
     ranks, grad = raw["ranks"], raw["grad_bytes"]
     out: Summary = {}
     for s, t in steps.items():
-        sent = 0 if s == LOCAL else grad
+        sent = 0 if base_name(s) == LOCAL else grad
         out[s] = {
             "samples_per_sec": raw["global_batch"] / t,
             "step_time_s": t,

@@ -32,6 +32,7 @@ from hvd_overlap.tools.bench.config import (
     LOCAL,
     STOCK,
     BenchConfig,
+    base_name,
     is_clean_group,
     plugin_options,
 )
@@ -126,6 +127,7 @@ class Trainee:
         self.model = build_model(cfg.model, cfg.tiny)
         opt = tf.keras.optimizers.SGD(0.01, momentum=0.9)
         self.callbacks: list[tf.keras.callbacks.Callback] = []
+        strategy = base_name(strategy)  # a replica (stock#2) runs its strategy
         if strategy == STOCK:
             import horovod.tensorflow.keras as hvd_keras
 
@@ -268,7 +270,7 @@ def run(job: Job) -> dict[str, Any] | None:
             progress(f"round {job.round + 1}/{cfg.rounds} {s:<14} {times[s] * 1e3:8.1f} ms/step")
     if job.timeline_dir:
         for s in names:
-            if s != LOCAL:
+            if base_name(s) != LOCAL:
                 path = str(Path(job.timeline_dir) / f"{s}.json")
                 if record_timeline(trainees[s], data, cfg.steps, path):
                     timelines[s] = path

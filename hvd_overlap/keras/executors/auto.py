@@ -134,6 +134,7 @@ class AutoExecutor(Executor):
         self.predicted: dict[Candidate, float] = {}  # the simulator's step of each candidate
         self._marks = ForwardPhase("auto")  # which graphs run the pre-forward phase
         self._specs: tuple[VarSpec, ...] | None = None  # what the last plan was built for
+        self._unrun_plan: Plan | None = None  # the current plan before its first trace
 
     # -- the executor in use ---------------------------------------------------------------
 
@@ -152,8 +153,10 @@ class AutoExecutor(Executor):
     def last_plan(self) -> Plan | None:
         plan = self.child().last_plan
         if plan is None and self._specs is not None:  # switched after the last step run
-            planner = self.child().planner
-            plan = planner.strategy.build_plan(self._specs, planner.options)
+            if self._unrun_plan is None:
+                planner = self.child().planner
+                self._unrun_plan = planner.strategy.build_plan(self._specs, planner.options)
+            plan = self._unrun_plan
         if plan is None:
             return None
         note = f"{self.label}: {self.current.describe()} -- {self.reason}"
@@ -354,7 +357,7 @@ class AutoExecutor(Executor):
         old.flush()
         if old.last_plan is not None:  # the variables planned for, until c traces its own
             self._specs = old.last_plan.variables
-        self._child, self.current = None, c
+        self._child, self.current, self._unrun_plan = None, c, None
         if old.checkpoint_entry is not None:  # sharded: the slot state is re-cut for c's slices
             old.state.hand_over(self.child().state)
         self.switches += 1

@@ -348,8 +348,10 @@ def test_auto_results_rows_ratios_and_rounds():
     assert row["best"] == "layerwise" and row["control"] == pytest.approx(0.9 / 0.3)
     lo, hi = row["control_interval"]
     assert lo < 0.9 / 0.3 < hi
-    assert f"| {0.9 / 0.3:.2f}x ({lo:.2f}-{hi:.2f}) |" in auto_results.markdown(
-        [{"strategies": report.summarize(again), "raw": again}])
+    text = auto_results.markdown([{"strategies": report.summarize(again), "raw": again}])
+    assert f"| {0.9 / 0.3:.2f}x ({lo:.2f}-{hi:.2f}) |" in text
+    assert "A/A control (stock / stock#2, the same code in two entries): 3.00x" in text
+    assert "below 0.98x in 0 of 1 runs" in text
 
 
 def test_auto_results_interval_is_the_ratio_when_steps_agree_and_none_without_steps():

@@ -119,6 +119,15 @@ def markdown(runs: list[dict[str, Any]]) -> str:
                       f"{_reaching(rows, 'vs_stock', 0.98)} (stock) and "
                       f"{_reaching(rows, 'vs_best', 0.97)} (best fixed): short of it by less "
                       "than this machine's noise resolves."]
+        controls = [r for r in rows if r["control"] is not None]
+        if controls:
+            low = min(controls, key=lambda r: r["control"])
+            high = max(controls, key=lambda r: r["control"])
+            lines += ["", f"A/A control (stock / stock#2, the same code in two entries): "
+                          f"{low['control']:.2f}x ({_where(low)}) to {high['control']:.2f}x "
+                          f"({_where(high)}); below 0.98x in "
+                          f"{sum(r['control'] < 0.98 for r in controls)} of {len(controls)} "
+                          "runs: how often identical code misses a 0.98x bar on this machine."]
     return "\n".join(lines) + "\n"
 
 

@@ -259,6 +259,9 @@ def test_end_to_end_tiny_mlp(tmp_path):
     assert raw["clean_baseline"] and not plugin[0]["clean_process"]
     assert clean[0]["horovod_env"] == plugin[0]["horovod_env"]
     assert "HOROVOD_DISABLE_GROUP_FUSION" not in clean[0]["horovod_env"]
+    # each rank's page faults per timed step, per round (minor, major)
+    ((rank0, rank1),) = raw["page_faults_per_step"][STOCK]
+    assert all(x >= 0 for x in (*rank0, *rank1)) and len(rank0) == 2
 
 
 def test_end_to_end_auto_chooses_before_timing(tmp_path):

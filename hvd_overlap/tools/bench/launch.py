@@ -150,6 +150,7 @@ def merge(cfg: BenchConfig, launches: list[dict[str, Any]]) -> dict[str, Any]:
     samples: dict[str, list[list[float]]] = {s: [] for s in cfg.strategies}
     means: dict[str, list[list[float]]] = {s: [] for s in cfg.strategies}
     link: dict[str, list[list[float | None]]] = {s: [] for s in cfg.strategies}
+    faults: dict[str, list[Any]] = {s: [] for s in cfg.strategies}  # per round, per rank
     history: dict[str, list[int]] = {s: [] for s in cfg.strategies}  # untimed steps, per round
     for raw in launches:
         for s, n in raw["history_steps"].items():
@@ -159,6 +160,7 @@ def merge(cfg: BenchConfig, launches: list[dict[str, Any]]) -> dict[str, Any]:
             samples[s].append(raw["step_samples"][s])
             means[s].append(raw["step_means"][s])
             link[s].append(raw["link_bytes_per_step"][s])
+            faults[s].append(raw.get("page_faults_per_step", {}).get(s))
     wire = {s: wire_time_per_step(path, cfg.steps)
             for raw in launches for s, path in raw["timelines"].items()}
     sent = {s: wire_bytes_per_step(path, cfg.steps, first["ranks"])
@@ -168,6 +170,7 @@ def merge(cfg: BenchConfig, launches: list[dict[str, Any]]) -> dict[str, Any]:
             "global_batch": first["global_batch"], "params": first["params"],
             "grad_bytes": first["grad_bytes"], "step_times": times,
             "step_samples": samples, "step_means": means, "link_bytes_per_step": link,
+            "page_faults_per_step": faults,
             "wire_time_per_step_s": {s: w and w["all"] for s, w in wire.items()},
             "wire_by_collective_s": wire, "optimizer_state_bytes": memory,
             "sent_bytes_per_step": sent, "history_steps": history,

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import resource
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -90,17 +91,28 @@ def pin_rank() -> list[int] | None:
 
 class StepTimer(tf.keras.callbacks.Callback):
     """Seconds of each of the ``steps`` steps after the first ``warmup`` of a ``fit`` (the
-    epoch's last step, after them, is not timed), and the link bytes sent meanwhile."""
+    epoch's last step, after them, is not timed), the link bytes sent and the process's page
+    faults meanwhile."""
 
     def __init__(self, warmup: int, steps: int):
         super().__init__()
         self.warmup, self.steps = warmup, steps
         self.ends: list[float] = []
         self.sent: list[int | None] = []
+        self.faults: list[tuple[int, int]] = []  # (minor, major) page faults so far
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
         self.ends.append(time.perf_counter())
         self.sent.append(link_bytes_sent())
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        self.faults.append((usage.ru_minflt, usage.ru_majflt))
+
+    @property
+    def faults_per_step(self) -> tuple[float, float]:
+        """(minor, major) page faults of this process per timed step: memory the step had to
+        map again (the allocator returned it, or the host reclaimed it)."""
+        first, last = self.faults[self.warmup - 1], self.faults[self.warmup + self.steps - 1]
+        return ((last[0] - first[0]) / self.steps, (last[1] - first[1]) / self.steps)
 
     @property
     def link_bytes_per_step(self) -> float | None:
@@ -124,6 +136,7 @@ class Trainee:
 
         tf.keras.utils.set_random_seed(cfg.seed)
         self.link_bytes_per_step: float | None = None  # of the last run
+        self.faults_per_step: tuple[float, float] = (0.0, 0.0)  # of the last run
         self.model = build_model(cfg.model, cfg.tiny)
         opt = tf.keras.optimizers.SGD(0.01, momentum=0.9)
         self.callbacks: list[tf.keras.callbacks.Callback] = []
@@ -151,6 +164,7 @@ class Trainee:
         self.model.fit(data, epochs=1, steps_per_epoch=warmup + steps + 1, verbose=0,
                        callbacks=[timer, *self.callbacks])
         self.link_bytes_per_step = timer.link_bytes_per_step
+        self.faults_per_step = timer.faults_per_step
         return timer.durations
 
 
@@ -237,6 +251,7 @@ def run(job: Job) -> dict[str, Any] | None:
     samples: dict[str, list[float]] = {}
     means: dict[str, list[float]] = {}
     link: dict[str, list[float | None]] = {}  # per rank: bytes its link sent per timed step
+    faults: dict[str, list[tuple[float, float]]] = {}  # per rank: page faults per timed step
     timelines: dict[str, str] = {}
     trainees = {s: Trainee(s, cfg) for s in names}
     chosen: dict[str, Any] = {}
@@ -265,6 +280,8 @@ def run(job: Job) -> dict[str, Any] | None:
         means[s] = [sum(step) / len(step) for step in per_step]  # each step: the ranks' mean
         link[s] = hvd.allgather_object(trainees[s].link_bytes_per_step,
                                        name=f"hvdo.bench.link.{job.round}.{s}")
+        faults[s] = hvd.allgather_object(trainees[s].faults_per_step,
+                                         name=f"hvdo.bench.faults.{job.round}.{s}")
         times[s] = max(sum(d) / len(d) for d in every)
         if rank == 0:
             progress(f"round {job.round + 1}/{cfg.rounds} {s:<14} {times[s] * 1e3:8.1f} ms/step")
@@ -288,7 +305,7 @@ def run(job: Job) -> dict[str, Any] | None:
             "global_batch": cfg.batch_size * size, "params": model.count_params(),
             "grad_bytes": gradient_bytes(model), "step_times": times,
             "step_samples": samples, "step_means": means, "link_bytes_per_step": link,
-            "timelines": timelines,
+            "page_faults_per_step": faults, "timelines": timelines,
             "auto": chosen, "exchange_checks": settled, "history_steps": history,
             "optimizer_state_bytes": memory, "clean_process": clean, "plugin_modules": loaded,
             "pinned": pinned is not None, "load_avg_1min": os.getloadavg()[0],

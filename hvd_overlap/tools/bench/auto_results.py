@@ -34,6 +34,7 @@ def row(run: dict[str, Any]) -> dict[str, Any]:
              if n not in (AUTO, LOCAL) and REPLICA not in n}
     best = min(fixed, key=lambda n: fixed[n])
     auto = s[AUTO]["step_time_s"]
+    aa = STOCK_AGAIN in s
     return {"config": raw["config"], "local": s.get(LOCAL, {}).get("step_time_s"),
             "stock": fixed[STOCK], "wire": s[STOCK].get("wire_s"), "best": best,
             "best_s": fixed[best], "auto": auto, "vs_stock": fixed[STOCK] / auto,
@@ -43,10 +44,8 @@ def row(run: dict[str, Any]) -> dict[str, Any]:
             "vs_best_interval": ratio_interval(raw, best, AUTO),
             "picks": [p["choice"] for p in raw.get("auto_choices", [])],
             "settle_steps": [p["steps"] for p in raw.get("auto_choices", [])],
-            "control": fixed[STOCK] / s[STOCK_AGAIN]["step_time_s"] if STOCK_AGAIN in s
-            else None,
-            "control_interval": ratio_interval(raw, STOCK, STOCK_AGAIN) if STOCK_AGAIN in s
-            else None,
+            "control": fixed[STOCK] / s[STOCK_AGAIN]["step_time_s"] if aa else None,
+            "control_interval": ratio_interval(raw, STOCK, STOCK_AGAIN) if aa else None,
             "measured": run.get("measured", "-")}
 
 

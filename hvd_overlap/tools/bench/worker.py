@@ -111,14 +111,18 @@ class StepTimer(tf.keras.callbacks.Callback):
     def faults_per_step(self) -> tuple[float, float]:
         """(minor, major) page faults of this process per timed step: memory the step had to
         map again (the allocator returned it, or the host reclaimed it)."""
-        first, last = self.faults[self.warmup - 1], self.faults[self.warmup + self.steps - 1]
+        first, last = self._edges(self.faults)
         return ((last[0] - first[0]) / self.steps, (last[1] - first[1]) / self.steps)
 
     @property
     def link_bytes_per_step(self) -> float | None:
         """Bytes the namespace's link sent per timed step (None if not readable)."""
-        first, last = self.sent[self.warmup - 1], self.sent[self.warmup + self.steps - 1]
+        first, last = self._edges(self.sent)
         return None if first is None or last is None else (last - first) / self.steps
+
+    def _edges(self, counter: list) -> tuple[Any, Any]:
+        """A per-batch counter at the end of the last warm-up step and of the last timed one."""
+        return counter[self.warmup - 1], counter[self.warmup + self.steps - 1]
 
     @property
     def durations(self) -> list[float]:

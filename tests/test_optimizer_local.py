@@ -83,10 +83,9 @@ def test_plan_is_printable_before_training():
     ({"op": hvd_tf.Adasum}, "op must be hvd.Average or hvd.Sum"),
     ({"backward_passes_per_step": 0}, "backward_passes_per_step must be"),
     ({"groups": 2}, "tune bucket_bytes"),
-    ({"strategy": "deferred", "backward_passes_per_step": 2}, "layerwise"),
     ({"strategy": "hybrid", "defer": -3}, "defer must be"),
     ({"strategy": "auto", "bucket_bytes": 1024}, "chooses bucket_bytes and defer itself"),
-    ({"strategy": "auto", "backward_passes_per_step": 2}, "layerwise"),
+    ({"strategy": "nope", "backward_passes_per_step": 2}, "unknown strategy 'nope'"),
     ({"strategy": "sharded", "bucket_bytes": "auto", "exchange": "auto"},
      "does not combine with exchange='auto'.*exchange='never'"),
     ({"strategy": "sharded", "defer": "auto"}, "split of hybrid or sharded_hybrid"),
@@ -97,6 +96,18 @@ def test_plan_is_printable_before_training():
 def test_bad_arguments_name_the_fix(kwargs, match):
     with pytest.raises(ValueError, match=match):
         hvdo.DistributedOptimizer(tf.keras.optimizers.SGD(0.1), **kwargs)
+
+
+@pytest.mark.parametrize("strategy, runs_as", [("deferred", "layerwise"), ("hybrid", "layerwise"),
+                                                ("sharded", "layerwise"), ("auto", "horovod")])
+def test_accumulation_runs_cross_step_strategies_immediate_and_says_so(strategy, runs_as):
+    """``backward_passes_per_step > 1`` reduces within the pass (as Horovod): a strategy that
+    would defer or shard runs as an immediate one, with one warning naming the alternative."""
+    with pytest.warns(UserWarning, match=f"runs as strategy={runs_as!r}.*"
+                                         "enable_gradient_accumulation"):
+        opt = hvdo.DistributedOptimizer(tf.keras.optimizers.SGD(0.1), strategy=strategy,
+                                        backward_passes_per_step=2)
+    assert opt.strategy == runs_as and not opt.defers
 
 
 def test_not_an_optimizer():

@@ -2,7 +2,9 @@
 
 As Horovod's ``LocalGradientAggregationHelper``, on top of the immediate mode: its reduction
 runs once every ``backward_passes_per_step`` passes, on the summed gradients; ``iterations`` still
-advances on every pass, as in Horovod.
+advances on every pass, as in Horovod. ``compute_gradients`` called directly behaves as
+Horovod's too: it adds this pass to the sums and returns the global sums on every N-th pass
+(the local gradients on the others); the ``apply_gradients`` that follows applies only then.
 """
 
 from __future__ import annotations
@@ -24,7 +26,12 @@ class AccumulatingExecutor(ImmediateExecutor):
         self.passes = passes
         self.average = average
         self.accumulators: dict[Any, tf.Variable] = {}
+        #: passes summed since the last reduction (Horovod's ``_agg_helper.counter``)
         self.counter: tf.Variable | None = None
+
+    @property
+    def aggregation(self) -> AccumulatingExecutor:
+        return self
 
     def _init(self, grads: list[Grad], variables: list[tf.Variable]) -> None:
         """The pass counter and one accumulator per variable with a gradient (first trace)."""
@@ -38,40 +45,68 @@ class AccumulatingExecutor(ImmediateExecutor):
                         tf.zeros(v.shape, g.dtype), trainable=False,
                         name="hvd_overlap_acc_" + v.name.split(":")[0].replace("/", "_"))
 
-    def reduce_now(self, grads: list[Grad], variables: list[tf.Variable]) -> list[Grad]:
-        raise ValueError(
-            "backward_passes_per_step > 1 sums local gradients over several passes before "
-            "reducing them, so compute_gradients cannot return global gradients (it is called "
-            "directly by your code or by the LossScaleOptimizer of mixed precision). Call "
-            "opt.minimize / model.fit without mixed precision, or accumulate yourself "
-            "(hvd_overlap.growth.data.enable_gradient_accumulation) with "
-            "backward_passes_per_step=1")
-
-    def apply_gradients(self, grads: list[Grad], variables: list[tf.Variable],
-                        args: tuple, kwargs: dict, reduced: bool = False) -> Any:
+    def _accumulate(self, grads: list[Grad], variables: list[tf.Variable]
+                    ) -> tuple[list[Grad], list[tf.Variable | None], tf.Tensor]:
+        """Add this pass's gradients to the sums: (dense gradients, accumulators, pass count)."""
         grads = [_densify(g, self.settings.sparse_as_dense) for g in grads]
         self._init(grads, variables)
         accs = [self.accumulators[v.ref()] if g is not None else None
                 for g, v in zip(grads, variables, strict=True)]
         updates = [a.assign_add(g) for a, g in zip(accs, grads, strict=True) if g is not None]
         with tf.control_dependencies(updates):
-            count = self.counter.assign_add(1)
+            return grads, accs, self.counter.assign_add(1)
 
-        def communicate_and_apply():
-            div = float(self.passes) if self.average else 1.0
-            summed = [a.read_value() / div if a is not None else None for a in accs]
-            reduced = self.reduce(summed, variables)
-            self.plain.apply_gradients(list(zip(reduced, variables, strict=True)),
-                                       *args, **kwargs)
-            with tf.control_dependencies([r for r in reduced if r is not None]):
-                resets = [a.assign(tf.zeros_like(a)) for a in accs if a is not None]
-                resets.append(self.counter.assign(0))
-            return tf.group(resets)
+    def _reduce_sums(self, accs: list[tf.Variable | None], variables: list[tf.Variable]
+                     ) -> tuple[list[Grad], tf.Operation]:
+        """The global (averaged) sums, and the op that restarts the sums and the count after
+        they were read."""
+        div = float(self.passes) if self.average else 1.0
+        summed = [a.read_value() / div if a is not None else None for a in accs]
+        reduced = self.reduce(summed, variables)
+        with tf.control_dependencies([r for r in reduced if r is not None]):
+            resets = [a.assign(tf.zeros_like(a)) for a in accs if a is not None]
+            resets.append(self.counter.assign(0))
+        return reduced, tf.group(resets)
 
-        def just_count():
+    def reduce_now(self, grads: list[Grad], variables: list[tf.Variable]) -> list[Grad]:
+        grads, accs, count = self._accumulate(grads, variables)
+        present = [i for i, g in enumerate(grads) if g is not None]
+
+        def global_sums():
+            reduced, restart = self._reduce_sums(accs, variables)
+            with tf.control_dependencies([restart]):
+                return [tf.identity(reduced[i]) for i in present]
+
+        def local():
+            return [tf.identity(grads[i]) for i in present]
+
+        got = tf.cond(tf.equal(count, self.passes), global_sums, local) if present else []
+        out: list[Grad] = [None] * len(grads)
+        for i, g in zip(present, got, strict=True):
+            out[i] = g
+        return out
+
+    def apply_gradients(self, grads: list[Grad], variables: list[tf.Variable],
+                        args: tuple, kwargs: dict, reduced: bool = False) -> Any:
+        def count_pass():
             return tf.group(self.opt.iterations.assign_add(1))
 
-        return tf.cond(tf.equal(count, self.passes), communicate_and_apply, just_count)
+        if reduced:  # from reduce_now: apply right after a reduction (the count restarted)
+            def apply():
+                self.plain.apply_gradients(list(zip(grads, variables, strict=True)),
+                                           *args, **kwargs)
+                return tf.no_op()
+            return tf.cond(tf.equal(self.counter, 0), apply, count_pass)
+
+        _, accs, count = self._accumulate(grads, variables)
+
+        def communicate_and_apply():
+            reduced, restart = self._reduce_sums(accs, variables)
+            self.plain.apply_gradients(list(zip(reduced, variables, strict=True)),
+                                       *args, **kwargs)
+            return restart
+
+        return tf.cond(tf.equal(count, self.passes), communicate_and_apply, count_pass)
 
 
 def _densify(g: Grad, sparse_as_dense: bool) -> Grad:

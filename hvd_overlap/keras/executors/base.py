@@ -163,6 +163,11 @@ class Executor:
         return None
 
     @property
+    def aggregation(self) -> Any:
+        """What Horovod calls the optimizer's ``_agg_helper`` (accumulating mode), or None."""
+        return None
+
+    @property
     def pending(self) -> bool:
         """True if an update of the last step has not landed in the weights yet."""
         return False

@@ -1,7 +1,7 @@
 """Print one closing line for all test runs from their JUnit reports; exit 1 on any failure.
 
 Multi-rank tests count once per rank (each rank runs every test). A missing report (a rank
-that died before writing it) counts as a failure.
+that died before writing it) and a report that executed no test count as failures.
 """
 
 import sys
@@ -24,6 +24,9 @@ def main(paths: list[str]) -> int:
             err, skip = int(suite.get("errors", 0)), int(suite.get("skipped", 0))
             print(f"{Path(p).stem}: {tests - fail - err - skip} passed, {fail + err} failed, "
                   f"{skip} skipped")
+            if tests - skip == 0:  # a stage that ran nothing proves nothing
+                print(f"{Path(p).stem}: executed no test")
+                failed += 1
             passed += tests - fail - err - skip
             failed += fail + err
             skipped += skip

@@ -16,11 +16,11 @@ from hvd_overlap.tools.cli import main
 from hvd_overlap.tools.models import MODELS
 from hvd_overlap.tools.netns import (
     NetnsError,
-    check_requirements,
     namespaces,
     parse_net,
     shaped_namespace,
 )
+from tests.netns_required import require_netns
 
 RAW = {"config": {"model": "vgg", "batch_size": 64, "net": "1gbit", "rounds": 3, "steps": 10,
                   "warmup": 2, "tiny": False},
@@ -207,15 +207,8 @@ def test_launch_timeout_kills_the_group(tmp_path):
     assert code < 0 and time.monotonic() - t0 < 10
 
 
-def _require_netns() -> None:
-    try:
-        check_requirements()
-    except NetnsError as e:  # CI machines are like this one: root with iproute2
-        pytest.fail(f"cannot test the emulated network: {e}")
-
-
 def test_namespace_created_shaped_and_removed():
-    _require_netns()
+    require_netns()
     name = "hvdo-bench-test-ok"
     with shaped_namespace("1gbit", name=name) as ns:
         assert ns == name and name in namespaces()
@@ -226,7 +219,7 @@ def test_namespace_created_shaped_and_removed():
 
 
 def test_namespace_removed_on_error():
-    _require_netns()
+    require_netns()
     name = "hvdo-bench-test-err"
     with pytest.raises(KeyboardInterrupt), shaped_namespace("10gbit", name=name):
         assert name in namespaces()
@@ -294,10 +287,7 @@ def test_end_to_end_auto_chooses_before_timing(tmp_path):
 
 
 def test_end_to_end_on_two_emulated_hosts(tmp_path):
-    try:
-        check_requirements()
-    except NetnsError as e:
-        pytest.skip(f"emulated hosts not tested: {e}")
+    require_netns()
     out = tmp_path / "bench.json"
     result = CliRunner().invoke(main, [
         "bench", "--model", "mlp", "--tiny", "--np", "2", "--batch-size", "8", "--steps", "2",

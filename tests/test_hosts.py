@@ -1,8 +1,8 @@
 """Emulated hosts: namespaces on a switch, shaped both ways, removed afterwards; a Horovod Gloo
 job launched on them through the rendezvous, as horovodrun launches one on several hosts.
 
-These need root and iproute2 (CI has both); without them they are skipped, and the skip says
-why and what to install, so the summary line shows the multi-host path went untested."""
+These need root and iproute2 (CI has both): as root a missing tool fails them; without root they
+are skipped, and the skip says why, so the summary line shows the multi-host path went untested."""
 
 import os
 import subprocess
@@ -16,18 +16,15 @@ from hvd_overlap.tools.hostrun import rank_env, run_on_hosts
 from hvd_overlap.tools.netns import (
     NETNS_ETC,
     NetnsError,
-    check_requirements,
     emulated_hosts,
     namespaces,
 )
+from tests.netns_required import require_netns
 
 
 @pytest.fixture(autouse=True)
 def _root_and_iproute2() -> None:
-    try:
-        check_requirements()
-    except NetnsError as e:
-        pytest.skip(f"emulated hosts not tested: {e}")
+    require_netns()
 
 
 def _qdisc(ns: str, dev: str) -> str:

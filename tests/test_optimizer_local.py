@@ -110,6 +110,19 @@ def test_accumulation_runs_cross_step_strategies_immediate_and_says_so(strategy,
     assert opt.strategy == runs_as and not opt.defers
 
 
+def test_mixed_precision_with_accumulation_is_refused_naming_the_fix():
+    tf.keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        model = tf.keras.Sequential([tf.keras.layers.Dense(3, input_shape=(4,)),
+                                     tf.keras.layers.Activation("linear", dtype="float32")])
+        model.compile(hvdo.DistributedOptimizer(tf.keras.optimizers.SGD(0.1),
+                                                backward_passes_per_step=2), "mse")
+        with pytest.raises(ValueError, match="local gradients.*enable_gradient_accumulation"):
+            model.fit(np.ones((4, 4)), np.ones((4, 3)), batch_size=2, verbose=0)
+    finally:
+        tf.keras.mixed_precision.set_global_policy("float32")
+
+
 def test_not_an_optimizer():
     with pytest.raises(TypeError, match="Keras optimizer"):
         hvdo.DistributedOptimizer("sgd")

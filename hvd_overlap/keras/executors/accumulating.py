@@ -69,6 +69,13 @@ class AccumulatingExecutor(ImmediateExecutor):
         return reduced, tf.group(resets)
 
     def reduce_now(self, grads: list[Grad], variables: list[tf.Variable]) -> list[Grad]:
+        if tf.keras.mixed_precision.global_policy().compute_dtype == "float16":
+            raise ValueError(
+                "mixed precision with backward_passes_per_step > 1: the LossScaleOptimizer "
+                "would decide to skip a pass and change its loss scale from each rank's local "
+                "gradients, so the ranks' scales and weights would drift apart (stock Horovod "
+                "too). Use backward_passes_per_step=1, and accumulate before the optimizer "
+                "(hvd_overlap.growth.data.enable_gradient_accumulation) if you need to")
         grads, accs, count = self._accumulate(grads, variables)
         present = [i for i, g in enumerate(grads) if g is not None]
 

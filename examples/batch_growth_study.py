@@ -26,7 +26,7 @@ Policies (global batches, LR coupled to the batch relative to the small one, ``l
 - the sweep around ``growth``: ``growth-w<W>`` (warm-up steps; ``adabatch`` is ``w0``) and
   ``growth-e<E>`` (period).
 
-Rank 0 writes ``batch_growth.md`` (tables), ``batch_growth.json`` (every run's per-epoch
+Rank 0 writes ``batch_growth_study.md`` (tables), ``batch_growth.json`` (every run's per-epoch
 accuracy, batch, LR and rounds) and ``batch_growth.png`` (accuracy vs epoch and vs
 communication rounds, batch vs epoch) into ``--out``; ``--from-json`` redraws them from a
 ``batch_growth.json`` without training.
@@ -194,7 +194,7 @@ def report(results: list[dict], args: argparse.Namespace, out: Path) -> None:
         "## Final test accuracy (%) per seed", "", *per_seed, "",
         f"Training time of all runs: {sum(r['seconds'] for r in results):.0f} s.", "",
         "![accuracy vs epoch and vs communication rounds](batch_growth.png)", ""])
-    (out / "batch_growth.md").write_text(text)
+    (out / "batch_growth_study.md").write_text(text)
     (out / "batch_growth.json").write_text(json.dumps(
         {"args": {k: v for k, v in vars(args).items() if k not in ("out", "from_json")},
          "runs": results}, indent=1))
@@ -254,7 +254,7 @@ def main() -> None:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         report(saved["runs"], argparse.Namespace(**saved["args"]), out)
-        print((out / "batch_growth.md").read_text())
+        print((out / "batch_growth_study.md").read_text())
         return
     args.ranks = hvd.size()
     if args.quick:
@@ -275,7 +275,7 @@ def main() -> None:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         report(results, args, out)
-        print((out / "batch_growth.md").read_text())
+        print((out / "batch_growth_study.md").read_text())
 
 
 if __name__ == "__main__":

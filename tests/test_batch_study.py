@@ -36,6 +36,6 @@ def test_quick_study_runs_on_two_ranks_and_reports_rounds(tmp_path):
     # the large batch warms up from the small lr for 5 epochs (10 steps): still ramping at 4
     assert 0.04 < runs["large"]["lr"][-1] < 0.64
     assert runs["small"]["acc"][-1] > 0.8       # it learns: 4 epochs of small batches
-    text = (tmp_path / "batch_growth.md").read_text()
+    text = (tmp_path / "batch_growth_study.md").read_text()
     assert "| growth | 32 → 64 → 128 → 256 |" in text
     assert (tmp_path / "batch_growth.png").stat().st_size > 10_000

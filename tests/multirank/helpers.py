@@ -184,11 +184,37 @@ def ours(strategy: str, **kw):
 
 
 class Result:
-    """What a run leaves: all weights (BN moving statistics are per rank) and trainable ones."""
+    """What a run leaves: all weights (BN moving statistics are per rank) and trainable ones;
+    for ``train_fit`` also what ``fit`` showed on the way (see :class:`Observer`)."""
 
-    def __init__(self, model: tf.keras.Model):
+    def __init__(self, model: tf.keras.Model, observed: Observer | None = None):
         self.weights = model.get_weights()
         self.trainable = [v.numpy() for v in model.trainable_variables]
+        self.deferred_steps = observed.deferred_steps if observed else 0
+        self.val_loss = observed.val_loss if observed else []
+        self.predictions = observed.predictions if observed else []
+
+
+class Observer(tf.keras.callbacks.Callback):
+    """Listed after ``OverlapCallback``: counts the steps whose update was still pending when
+    the step ended (the deferral really happened), keeps the validation losses ``fit``'s own
+    evaluate reported, and predicts ``x_val`` from a callback at every epoch end."""
+
+    def __init__(self, x_val=None):
+        super().__init__()
+        self.x_val = x_val
+        self.deferred_steps = 0
+        self.val_loss: list[float] = []
+        self.predictions: list[np.ndarray] = []
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.deferred_steps += int(bool(getattr(self.model.optimizer, "pending", False)))
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs and "val_loss" in logs:
+            self.val_loss.append(float(logs["val_loss"]))
+        if self.x_val is not None:
+            self.predictions.append(self.model.predict(self.x_val, verbose=0))
 
 
 def train_fit(model_name: str, opt_name: str, wrap, seed: int = 3, epochs: int = EPOCHS,
@@ -207,13 +233,14 @@ def train_fit(model_name: str, opt_name: str, wrap, seed: int = 3, epochs: int =
             opt._hvdo.checkpoint_entry.pending = None
     x, y = rank_data(model_name, BATCH * STEPS_PER_EPOCH)
     val = rank_data(model_name, BATCH * 2, seed=99) if validation else None
+    observer = Observer(val[0] if validation else None)
     model.fit(x, y, batch_size=BATCH, epochs=epochs, initial_epoch=initial_epoch, shuffle=False,
               verbose=0, validation_data=val,
               callbacks=[hvdo.OverlapCallback(), hvd.callbacks.BroadcastGlobalVariablesCallback(0),
-                         *callbacks])
+                         *callbacks, observer])
     if check_steps:
         assert int(opt.iterations.numpy()) == epochs * STEPS_PER_EPOCH
-    return Result(model)
+    return Result(model, observer)
 
 
 _stock_runs: dict[tuple[str, str], Result] = {}
@@ -223,9 +250,19 @@ def stock_reference(model_name: str, opt_name: str) -> Result:
     """Stock Horovod's ``train_fit`` run, computed once per (model, optimizer) on every rank
     alike (ranks run the same tests in the same order, so they hit the cache alike)."""
     key = (model_name, opt_name)
-    if key not in _stock_runs:
-        _stock_runs[key] = train_fit(model_name, opt_name, stock)
+    if key not in _stock_runs:  # validation and predictions inside fit change no weight
+        _stock_runs[key] = train_fit(model_name, opt_name, stock, validation=True)
     return _stock_runs[key]
+
+
+def assert_fit_saw_stocks_weights(got: Result, ref: Result) -> None:
+    """``evaluate`` (validation) and ``predict`` (a callback's, at epoch end) inside ``fit``
+    gave what they give with stock Horovod."""
+    assert len(got.val_loss) == len(ref.val_loss) > 0
+    np.testing.assert_allclose(got.val_loss, ref.val_loss, rtol=1e-5, atol=1e-6)
+    assert len(got.predictions) == len(ref.predictions) > 0
+    for a, b in zip(got.predictions, ref.predictions, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
 
 
 def step_for(model: tf.keras.Model, opt):

@@ -190,6 +190,7 @@ class Result:
     def __init__(self, model: tf.keras.Model, observed: Observer | None = None):
         self.weights = model.get_weights()
         self.trainable = [v.numpy() for v in model.trainable_variables]
+        self.optimizer = getattr(model, "optimizer", None)  # None: never compiled
         self.deferred_steps = observed.deferred_steps if observed else 0
         self.val_loss = observed.val_loss if observed else []
         self.predictions = observed.predictions if observed else []
@@ -320,7 +321,9 @@ def train_loop(model_name: str, opt_name: str, wrap, tape_wrap=None,
     if hasattr(opt, "flush"):
         opt.flush()
     assert int(opt.iterations.numpy()) == EPOCHS * STEPS_PER_EPOCH
-    return Result(model)
+    result = Result(model)
+    result.optimizer = opt
+    return result
 
 
 def assert_weights_close(actual: Result, expected: Result, rtol=1e-5, atol=1e-6,

@@ -40,6 +40,7 @@ class OverlapCallback(tf.keras.callbacks.Callback):
         self._landing = False
         self._functions: dict = {}
         self._started = 0.0
+        self._steps_done = 0  # in this fit, across epochs (as ModelCheckpoint's save_freq)
 
     def _optimizer(self):
         opt = getattr(self.model, "optimizer", None)
@@ -48,6 +49,7 @@ class OverlapCallback(tf.keras.callbacks.Callback):
         return opt if getattr(opt, "defers", False) else None
 
     def on_train_begin(self, logs=None):
+        self._steps_done = 0
         opt = self._optimizer()
         if opt is None or self._patched:
             return
@@ -81,8 +83,10 @@ class OverlapCallback(tf.keras.callbacks.Callback):
                            for land in (False, True)}
 
     def _checkpoint_due(self, batch: int) -> bool:
+        """After every ``flush_every``-th step of the fit, counted across epochs as
+        ``ModelCheckpoint(save_freq=N)`` counts them, and after an epoch's last step."""
         steps = self.params.get("steps") if self.params else None
-        return bool((self.flush_every and (batch + 1) % self.flush_every == 0)
+        return bool((self.flush_every and (self._steps_done + 1) % self.flush_every == 0)
                     or (steps and batch + 1 == steps))
 
     def on_train_batch_begin(self, batch, logs=None):
@@ -93,15 +97,16 @@ class OverlapCallback(tf.keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         opt = self._optimizer()
-        if opt is None:
-            return
-        # steady steps only: the first of an epoch follows a flush, a landing step lands twice
-        opt.observe_step(time.perf_counter() - self._started,
-                         usable=batch > 0 and not self._landing)
-        if opt.take_retrace():  # the first trace could not defer yet
-            self._make_train_functions()
-        if self._checkpoint_due(batch):
-            self._checkpoint_point()  # (sharded) gathers the optimizer state
+        if opt is not None:
+            # steady steps only: the first of an epoch follows a flush, a landing step lands
+            # twice
+            opt.observe_step(time.perf_counter() - self._started,
+                             usable=batch > 0 and not self._landing)
+            if opt.take_retrace():  # the first trace could not defer yet
+                self._make_train_functions()
+            if self._checkpoint_due(batch):
+                self._checkpoint_point()  # (sharded) gathers the optimizer state
+        self._steps_done += 1
 
     def _flush(self, *_args, **_kwargs):
         opt = self._optimizer()

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 
 import horovod.tensorflow as hvd_tf
@@ -254,14 +255,16 @@ def test_load_model_resumes_training_as_an_uninterrupted_stock_run(strategy, tmp
 
 
 class RecordEvery(tf.keras.callbacks.Callback):
-    """Reads the weights every ``n`` batches, as ModelCheckpoint(save_freq=n) would save them."""
+    """Reads the weights every ``n`` batches, as ModelCheckpoint(save_freq=n) would save them
+    (counted across epochs)."""
 
     def __init__(self, n: int):
         super().__init__()
-        self.n, self.seen = n, []
+        self.n, self.seen, self.done = n, [], 0
 
     def on_train_batch_end(self, batch, logs=None):
-        if (batch + 1) % self.n == 0:
+        self.done += 1
+        if self.done % self.n == 0:
             self.seen.append([w.copy() for w in self.model.get_weights()])
 
 
@@ -286,6 +289,56 @@ def test_weights_read_by_an_earlier_callback_at_a_flush_point_are_current(strate
     for step_want, step_got in zip(want, got, strict=True):
         for a, b in zip(step_want, step_got, strict=True):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def _fit_checkpointing(wrap, overlap: tf.keras.callbacks.Callback | None, tag: str,
+                       first: bool = True) -> list[str]:
+    """``fit`` with a real ``ModelCheckpoint(save_freq=5)`` (weights and optimizer state, one
+    file per save), listed before ``overlap`` if ``first``; the files' prefixes, in order."""
+    tf.keras.utils.set_random_seed(3)
+    model = MODELS["odd_sizes"]()
+    model.compile(wrap(tf.keras.optimizers.SGD(0.05, momentum=0.9)), LOSS)
+    x, y = rank_data("odd_sizes", BATCH * STEPS_PER_EPOCH)
+    base = Path(hvd_tf.broadcast_object(tempfile.mkdtemp(), 0, name=f"ckpt_files.{tag}"))
+    prefix = str(base / f"rank{hvd.rank()}" / "ckpt-{epoch}-{batch}")
+    save = tf.keras.callbacks.ModelCheckpoint(prefix, save_weights_only=True, save_freq=5)
+    around = [overlap] if overlap else []
+    model.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0,
+              callbacks=[save, *around] if first else [*around, save])
+    return sorted({str(p)[:-len(".index")] for p in (base / f"rank{hvd.rank()}").glob("*.index")})
+
+
+def _restored(prefix: str, wrap) -> Result:
+    """A fresh model (its optimizer wrapped by ``wrap``) restored from a checkpoint file."""
+    tf.keras.utils.set_random_seed(9)  # other initial weights: they must all be overwritten
+    model = MODELS["odd_sizes"]()
+    model.compile(wrap(tf.keras.optimizers.SGD(0.05, momentum=0.9)), LOSS)
+    model.load_weights(prefix).expect_partial()
+    return Result(model)
+
+
+@pytest.mark.parametrize("strategy, first", [("deferred", True), ("hybrid", True),
+                                             ("sharded", False)])
+def test_save_freq_checkpoint_files_restore_to_stocks_state(strategy, first):
+    """``ModelCheckpoint(save_freq=5)`` with ``OverlapCallback(flush_every=5)`` writes files
+    holding stock Horovod's weights and momentum at every save (listed before the callback;
+    sharded after it, which gathers the state): restored, they equal stock's files restored."""
+    want = _fit_checkpointing(stock, None, f"stock.{strategy}")
+    got = _fit_checkpointing(ours(strategy, bucket_bytes=512),
+                             hvdo.OverlapCallback(flush_every=5), strategy, first)
+    assert [Path(p).name for p in got] == [Path(p).name for p in want] and len(got) == 4
+    for mine, theirs in zip(got, want, strict=True):
+        assert_weights_close(_restored(mine, ours(strategy, bucket_bytes=512)),
+                             _restored(theirs, stock))
+        reader, ref = tf.train.load_checkpoint(mine), tf.train.load_checkpoint(theirs)
+        state = sorted(k for k in ref.get_variable_to_shape_map() if k.startswith("optimizer/"))
+        stored = [k for k in state if reader.has_tensor(k)]
+        assert any("_iterations" in k for k in stored)
+        if strategy != "sharded":  # sharded keeps the gathered slots under its own entry
+            assert stored == state and any("_variables" in k for k in state)  # the momentum
+        for k in stored:
+            np.testing.assert_allclose(reader.get_tensor(k), ref.get_tensor(k),
+                                       rtol=1e-5, atol=1e-6, err_msg=k)
 
 
 class ResetAt(tf.keras.callbacks.Callback):

@@ -23,7 +23,7 @@ from tests.multirank.helpers import (
 )
 
 STEPS = 6
-STRATEGIES = ["layerwise", "deferred", "hybrid", "sharded"]
+STRATEGIES = ["horovod", "layerwise", "deferred", "hybrid", "sharded", "sharded_hybrid", "auto"]
 
 
 def train_on_batch_loop(model_name: str, opt_name: str, wrap):
@@ -68,12 +68,12 @@ def test_train_on_batch_equals_stock(strategy, model_name, opt_name, kw):
     ``predict_on_batch`` and ``evaluate`` saw halfway, equal stock Horovod's. A deferring
     strategy falls back to landing each update within its step, and says so once (rank 0)."""
     want, want_seen, _ = _reference(model_name, opt_name, **kw)
-    got, seen, notes = train_on_batch_loop(model_name, opt_name,
-                                           ours(strategy, bucket_bytes=2048, **kw))
+    size = {} if strategy == "auto" else {"bucket_bytes": 2048}  # auto chooses its own
+    got, seen, notes = train_on_batch_loop(model_name, opt_name, ours(strategy, **size, **kw))
     assert_weights_close(got, want)
     for a, b in zip(seen, want_seen, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
-    if strategy != "layerwise" and hvd.rank() == 0:
+    if strategy not in ("horovod", "layerwise") and hvd.rank() == 0:
         assert len(notes) == 1 and "OverlapCallback" in notes[0], notes
     else:
         assert notes == []

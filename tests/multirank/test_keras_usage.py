@@ -69,7 +69,8 @@ def _fit_mixed(wrap):
 _stock_mixed: list = []
 
 
-@pytest.mark.parametrize("strategy", ["layerwise", "deferred", "hybrid", "sharded"])
+@pytest.mark.parametrize("strategy", ["horovod", "layerwise", "deferred", "hybrid", "sharded",
+                                      "sharded_hybrid"])
 def test_mixed_precision_with_overflow_on_one_rank_equals_stock(strategy):
     """The loss-scale optimizer skips a step when the gradients are not finite; it decides on
     each rank, so every rank must see the same gradients (stock Horovod's reduce in

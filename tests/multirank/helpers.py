@@ -169,6 +169,12 @@ OPTIMIZERS: dict[str, Callable[[], tf.keras.optimizers.Optimizer]] = {
     "adamax": lambda: tf.keras.optimizers.Adamax(0.003),
     "ftrl": lambda: tf.keras.optimizers.Ftrl(0.05),
     "lion": lambda: tf.keras.optimizers.Lion(0.001),
+    "legacy_rmsprop": lambda: tf.keras.optimizers.legacy.RMSprop(0.003),
+    "legacy_adagrad": lambda: tf.keras.optimizers.legacy.Adagrad(0.02),
+    "legacy_adadelta": lambda: tf.keras.optimizers.legacy.Adadelta(1.0),
+    "legacy_adamax": lambda: tf.keras.optimizers.legacy.Adamax(0.003),
+    "legacy_ftrl": lambda: tf.keras.optimizers.legacy.Ftrl(0.05),
+    "sgd_clipvalue": lambda: tf.keras.optimizers.SGD(0.05, momentum=0.9, clipvalue=0.01),
 }
 
 LOSS = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)

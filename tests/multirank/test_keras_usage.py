@@ -217,7 +217,9 @@ def test_register_local_var_is_refused_by_sharded_with_the_fix():
 
 @pytest.mark.parametrize("strategy,opt_name", [
     *[(s, o) for s in ("hybrid", "sharded") for o in ("adadelta", "adamax", "ftrl", "lion")],
-    ("sharded", "legacy_nadam"), ("hybrid", "legacy_nadam"), ("deferred", "legacy_nadam")])
+    ("sharded", "legacy_nadam"), ("hybrid", "legacy_nadam"), ("deferred", "legacy_nadam"),
+    *[("sharded", o) for o in ("legacy_rmsprop", "legacy_adagrad", "legacy_adadelta",
+                               "legacy_adamax", "legacy_ftrl", "sgd_clipvalue")]])
 def test_optimizers_claimed_exact_equal_stock_under_per_bucket_applies(strategy, opt_name):
     """The element-wise optimizers not covered elsewhere, updated bucket by bucket (hybrid) or
     slice by slice (sharded); the legacy Nadam's momentum schedule advances once per step

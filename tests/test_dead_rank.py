@@ -36,7 +36,7 @@ def kill_a_rank(strategy: str, stamp: Path) -> tuple[float, int, str]:
     return end - died, proc.returncode, proc.stdout + proc.stderr
 
 
-@pytest.mark.parametrize("strategy", sorted(STRATEGIES))
+@pytest.mark.parametrize("strategy", [*sorted(STRATEGIES), "auto", "sharded+exchange"])
 def test_a_dead_rank_ends_the_job_quickly_and_is_named(strategy, tmp_path):
     seconds, status, output = kill_a_rank(strategy, tmp_path / "died")
     assert status not in (0, 124), output[-2000:]            # failed, and not by the timeout

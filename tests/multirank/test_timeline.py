@@ -115,7 +115,9 @@ def test_layerwise_buckets_go_out_in_plan_order_during_backprop():
 
     early = decided(verdict)
     assert len(plan.buckets) >= 4
-    assert early >= STEPS // 2, f"first bucket started during backprop in only {early}/{STEPS}"
+    # measured: 3-4 of 8 steps on this 2-core machine (load moves it), 0 of 8 when every
+    # bucket waits for all gradients (the overlap switched off): at least one step shows it
+    assert early >= 1, f"first bucket started during backprop in only {early}/{STEPS}"
 
 
 def test_deferred_buckets_go_out_in_forward_order_under_the_next_forward():

@@ -3,9 +3,9 @@
 ``profile_layers`` times each layer's forward and backward on a sample batch (a model whose
 layers run one after another, like ``tf.keras.Sequential``). ``choose_defer`` then simulates one
 step for every possible split of the plan -- output-side buckets reduced during backprop,
-``k`` input-side buckets deferred into the next forward -- on a link of the given bandwidth,
-and returns the ``k`` with the shortest step. Pass it as ``DistributedOptimizer(...,
-strategy="hybrid", defer=k)``.
+``k`` input-side buckets deferred into the next forward -- on an ideal link of the given
+bandwidth (``hvd_overlap.core.sim``'s step builder and event loop), and returns the ``k`` with
+the shortest step. Pass it as ``DistributedOptimizer(..., strategy="hybrid", defer=k)``.
 """
 
 from __future__ import annotations
@@ -14,8 +14,14 @@ import re
 import time
 from dataclasses import dataclass
 
-from hvd_overlap.core.plan import Plan
+from hvd_overlap.core.plan import BACKWARD, FORWARD, Plan
+from hvd_overlap.core.sim.cluster import Cluster
+from hvd_overlap.core.sim.events import run_step
+from hvd_overlap.core.sim.plans import StepBucket
+from hvd_overlap.core.sim.profile import Layer, Profile
+from hvd_overlap.core.sim.steps import step_of
 
+_TIE = 1e-12  # relative: simulated steps this close are the same step (rounding)
 _RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmg]?)(bit|bps)?\s*$", re.IGNORECASE)
 
 
@@ -43,39 +49,32 @@ def simulate_step(plan_bytes: list[int], bucket_layers: list[list[str]],
                   times: dict[str, LayerTime], forward_order: list[str], defer: int,
                   bandwidth: float) -> float:
     """Seconds of one steady-state step when the last ``defer`` buckets (backward order) are
-    deferred. Buckets travel one at a time; a deferred bucket must arrive before its layers'
-    forward; the other buckets must arrive before the step ends."""
+    deferred, by the core simulator (``hvd_overlap.core.sim``) on an ideal link: a bucket takes
+    ``bytes / bandwidth`` (a ring allreduce at 2 ranks, no latency, cycles or negotiation) and
+    buckets travel one at a time; a deferred bucket must arrive before its layers' forward; the
+    others travel as backprop completes them and must arrive before the step ends."""
+    pos = {layer: i for i, layer in enumerate(forward_order)}
+    missing = sorted({la for layers in bucket_layers for la in layers} - set(pos))
+    if missing or not all(bucket_layers):
+        raise ValueError(f"every bucket needs layers of forward_order (not in it: {missing})")
+    profile = Profile("profiled", 1, tuple(
+        Layer(la, times[la].forward if la in times else 0.0,
+              times[la].backward if la in times else 0.0) for la in forward_order))
     n = len(plan_bytes)
-    comm = [b / bandwidth for b in plan_bytes]
-    deferred = set(range(n - defer, n))
-    bucket_of = {layer: i for i, layers in enumerate(bucket_layers) for layer in layers}
-    # next step's forward: deferred buckets travel in forward order from the step's start
-    link, arrive = 0.0, {}
-    for i in sorted(deferred, reverse=True):
-        link += comm[i]
-        arrive[i] = link
-    t = 0.0
-    for layer in forward_order:
-        i = bucket_of.get(layer)
-        if i in deferred:
-            t = max(t, arrive[i])
-        t += times[layer].forward if layer in times else 0.0
-    # backward, output layer first: a bucket is ready once its most input-side layer is done;
-    # buckets travel one at a time, after the deferred ones of this step's start
-    link = max(link, t)
-    ready: dict[int, float] = {}
-    for layer in reversed(forward_order):
-        t += times[layer].backward if layer in times else 0.0
-        if layer in bucket_of:
-            ready[bucket_of[layer]] = t
-    for i in range(n):
-        if i not in deferred:
-            link = max(link, ready.get(i, t)) + comm[i]
-    return max(t, link)
+    buckets = [StepBucket(i, tuple(sorted({pos[la] for la in bucket_layers[i]})), nbytes, 1, 0.0,
+                          FORWARD if i >= n - defer else BACKWARD)
+               for i, nbytes in enumerate(plan_bytes)]
+    # backprop's buckets in backward order, then the deferred ones in forward order
+    ordered = [b for b in buckets if b.phase == BACKWARD] + \
+        [b for b in reversed(buckets) if b.phase == FORWARD]
+    link = Cluster(ranks=2, bandwidth=bandwidth, cycle_s=0.0)
+    tasks, reqs = step_of(profile, ordered, link, "allreduce")
+    return run_step(tasks, reqs, link)["end"]
 
 
 def choose_defer(plan: Plan, times: list[LayerTime], bandwidth: str | float) -> int:
-    """The number of input-side buckets to defer that gives the shortest simulated step."""
+    """The number of input-side buckets to defer that gives the shortest simulated step (the
+    smallest such number on a tie)."""
     bw = parse_bandwidth(bandwidth)
     by_layer = {t.layer: t for t in times}
     forward_order = [t.layer for t in times]
@@ -88,7 +87,8 @@ def choose_defer(plan: Plan, times: list[LayerTime], bandwidth: str | float) -> 
                 raise ValueError(f"layer {lay!r} of the plan is not in the profile")
     costs = [simulate_step(sizes, layers, by_layer, forward_order, k, bw)
              for k in range(len(buckets) + 1)]
-    return min(range(len(costs)), key=lambda k: (costs[k], k))
+    best = min(costs)  # ties (to rounding: the event loop's sums) go to the smallest k
+    return next(k for k, c in enumerate(costs) if c <= best * (1 + _TIE))
 
 
 def _profiled_layers(model) -> list:
@@ -187,7 +187,6 @@ def measured_profile(model, sample_x, repeats: int = 5, name: str | None = None)
     time."""
     import numpy as np
 
-    from hvd_overlap.core.simulate import Layer, Profile
     from hvd_overlap.keras.flops import dense_kernel
 
     times = profile_layers(model, sample_x, repeats)

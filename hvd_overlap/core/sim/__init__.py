@@ -1,0 +1,1 @@
+"""The step-time simulator, split by concern; ``hvd_overlap.core.simulate`` re-exports it."""

@@ -7,7 +7,7 @@ The folder listing is the architecture:
 - ``comm``: how a bucket travels and when (TensorFlow + Horovod collectives);
 - ``keras``: the API users import (``DistributedOptimizer``, callbacks) and its executors;
 - ``growth``: run-time batch-size growth (policy, callback, data side);
-- ``tools``: the ``hvd-overlap`` CLI, benchmark, simulator, calibration, timelines, networks.
+- ``tools``: the ``hvd-overlap`` CLI (plan, timeline, profile, simulate), profiles, timelines.
 
 Nothing in the plugin changes Horovod's environment: Horovod runs with the user's settings.
 """
@@ -16,11 +16,24 @@ from __future__ import annotations
 
 from typing import Any
 
+from hvd_overlap.core.choice import (
+    Auto,
+    Deferred,
+    Exchange,
+    Hybrid,
+    Layerwise,
+    Sharded,
+    ShardedHybrid,
+    StockHorovod,
+    Strategy,
+)
 from hvd_overlap.core.plan import DEFAULT_BUCKET_BYTES, Plan
 from hvd_overlap.core.strategies import STRATEGIES
 
 __version__ = "0.2.0.dev0"
-__all__ = ["DEFAULT_BUCKET_BYTES", "STRATEGIES", "Plan", "__version__", "init"]
+__all__ = ["DEFAULT_BUCKET_BYTES", "STRATEGIES", "Auto", "Deferred", "Exchange", "Hybrid",
+           "Layerwise", "Plan", "Sharded", "ShardedHybrid", "StockHorovod", "Strategy",
+           "__version__", "init"]
 
 
 def init(*args: Any, **kwargs: Any) -> None:

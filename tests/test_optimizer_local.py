@@ -82,20 +82,74 @@ def test_plan_is_printable_before_training():
     ({"bucket_bytes": 0}, "bucket_bytes must be a positive"),
     ({"op": hvd_tf.Adasum}, "op must be hvd.Average or hvd.Sum"),
     ({"backward_passes_per_step": 0}, "backward_passes_per_step must be"),
-    ({"groups": 2}, "tune bucket_bytes"),
     ({"strategy": "hybrid", "defer": -3}, "defer must be"),
-    ({"strategy": "auto", "bucket_bytes": 1024}, "chooses bucket_bytes and defer itself"),
     ({"strategy": "nope", "backward_passes_per_step": 2}, "unknown strategy 'nope'"),
     ({"strategy": "sharded", "bucket_bytes": "auto", "exchange": "auto"},
-     "does not combine with exchange='auto'.*exchange='never'"),
-    ({"strategy": "sharded", "defer": "auto"}, "split of hybrid or sharded_hybrid"),
-    ({"strategy": "horovod", "bucket_bytes": "auto"}, "no buckets to size"),
-    ({"strategy": "layerwise", "defer": "auto"}, "defers no bucket"),
+     "does not combine with the exchange.*exchange='never'"),
     ({"strategy": "hybrid", "bucket_bytes": "big"}, "positive int .* or 'auto'"),
+    ({"strategy": "sharded", "gather_with": "broadcast"}, "gather_with='broadcast'"),
+    ({"strategy": "sharded", "exchange": "sometimes"}, "exchange='sometimes'"),
+    ({"strategy": "sharded+bucket=lots"}, "'lots' is not a whole number"),
+    ({"strategy": "sharded+scatter"}, "unknown option 'scatter'"),
+    ({"strategy": "layerwise", "backward_passes_per_step": 2, "bucket_bytes": "auto"},
+     "pass a bucket size"),
 ])
 def test_bad_arguments_name_the_fix(kwargs, match):
     with pytest.raises(ValueError, match=match):
         hvdo.DistributedOptimizer(tf.keras.optimizers.SGD(0.1), **kwargs)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"groups": 2}, "'layerwise' has no setting 'groups'.*horovod.*bucket_bytes instead"),
+    ({"strategy": "auto", "bucket_bytes": 1024}, "chooses bucket_bytes and defer itself"),
+    ({"strategy": "sharded", "defer": "auto"}, "ShardedHybrid"),
+    ({"strategy": "horovod", "bucket_bytes": "auto"}, "'horovod' has no setting 'bucket_bytes'"),
+    ({"strategy": "layerwise", "defer": "auto"}, "applies to hybrid, sharded_hybrid"),
+    ({"strategy": "layerwise", "exchange": "always"}, "applies to sharded, sharded_hybrid"),
+    ({"strategy": "deferred", "gather_with": "alltoall"}, "no setting 'gather_with'"),
+    ({"strategy": "sharded", "exchange_forward": "rows"}, "add exchange="),
+    ({"strategy": hvdo.Layerwise(), "bucket_bytes": 1024}, r"Layerwise\(...\) itself"),
+    ({"strategy": 3}, "a name or a strategy object"),
+])
+def test_a_setting_the_strategy_has_no_use_for_is_a_type_error(kwargs, match):
+    with pytest.raises(TypeError, match=match):
+        hvdo.DistributedOptimizer(tf.keras.optimizers.SGD(0.1), **kwargs)
+
+
+def test_a_setting_the_strategy_object_lacks_cannot_be_written():
+    with pytest.raises(TypeError):
+        hvdo.Layerwise(defer=2)  # type: ignore[call-arg]
+    with pytest.raises(TypeError):
+        hvdo.Hybrid(exchange=hvdo.Exchange())  # type: ignore[call-arg]
+    with pytest.raises(TypeError):
+        hvdo.Auto(bucket_bytes=1 << 20)  # type: ignore[call-arg]
+
+
+@pytest.mark.parametrize("strategy, keywords", [
+    (hvdo.Sharded(exchange=hvdo.Exchange(forward="rows"), gather_with="alltoall"),
+     {"strategy": "sharded", "exchange": "auto", "exchange_forward": "rows",
+      "gather_with": "alltoall"}),
+    (hvdo.Hybrid(bucket_bytes=1 << 20, defer=1, ordered=True),
+     {"strategy": "hybrid", "bucket_bytes": 1 << 20, "defer": 1, "ordered": True}),
+    (hvdo.ShardedHybrid(bucket_bytes="auto"), {"strategy": "sharded_hybrid",
+                                              "bucket_bytes": "auto"}),
+    (hvdo.StockHorovod(num_groups=2), {"strategy": "horovod", "num_groups": 2}),
+    (hvdo.Auto(), {"strategy": "auto"}),
+])
+def test_objects_keywords_and_the_string_spelling_are_one_strategy(strategy, keywords):
+    """The object, the keyword sugar and the string spelling build the same strategy, and the
+    wrapped optimizer runs the plan the object describes."""
+    from hvd_overlap.core.choice import parse
+
+    by_keywords = hvdo.DistributedOptimizer(tf.keras.optimizers.SGD(0.1), **keywords)
+    by_object = hvdo.DistributedOptimizer(tf.keras.optimizers.SGD(0.1), strategy=strategy)
+    by_text = hvdo.DistributedOptimizer(tf.keras.optimizers.SGD(0.1), strategy=strategy.spec())
+    assert by_keywords.strategy_config == by_object.strategy_config == strategy
+    assert by_text.strategy_config == strategy and parse(strategy.spec()) == strategy
+    assert by_object.strategy == ("auto" if strategy.tuned else strategy.name)
+    if not strategy.tuned:
+        variables = small_model().trainable_variables
+        assert by_object.build_plan(variables) == by_keywords.build_plan(variables)
 
 
 @pytest.mark.parametrize("strategy, runs_as", [("deferred", "layerwise"), ("hybrid", "layerwise"),
@@ -141,7 +195,7 @@ def test_importing_the_plugin_leaves_horovods_environment_alone():
     import sys
 
     code = ("import os, json; before = dict(os.environ); import hvd_overlap.keras, "
-            "hvd_overlap.growth.data, hvd_overlap.tools.bench.worker; "
+            "hvd_overlap.growth.data, benchmarks.worker; "
             "print(json.dumps({k: v for k, v in os.environ.items() if before.get(k) != v}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip().splitlines()[-1] == "{}"
@@ -153,7 +207,8 @@ def test_pure_modules_load_neither_tensorflow_nor_horovod():
 
     code = ("import sys, hvd_overlap, hvd_overlap.core.plan, hvd_overlap.core.sharding, "
             "hvd_overlap.core.strategies, hvd_overlap.growth.policy, hvd_overlap.core.simulate, "
-            "hvd_overlap.tools.scaling, hvd_overlap.core.autoplan, hvd_overlap.core.exchange, "
+            "hvd_overlap.tools.simulate_report, hvd_overlap.core.autoplan, "
+            "hvd_overlap.core.exchange, "
             "hvd_overlap.core.trial; "
             "print(sorted(m for m in ('tensorflow', 'horovod') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -1,7 +1,19 @@
 """Keras API: ``DistributedOptimizer`` (drop-in for Horovod's) and callbacks."""
 
+from hvd_overlap.core.choice import (
+    Auto,
+    Deferred,
+    Exchange,
+    Hybrid,
+    Layerwise,
+    Sharded,
+    ShardedHybrid,
+    StockHorovod,
+)
 from hvd_overlap.growth.callback import BatchSizeScheduler
 from hvd_overlap.keras.callbacks import OverlapCallback
 from hvd_overlap.keras.optimizer import DistributedOptimizer, load_model
 
-__all__ = ["BatchSizeScheduler", "DistributedOptimizer", "OverlapCallback", "load_model"]
+__all__ = ["Auto", "BatchSizeScheduler", "Deferred", "DistributedOptimizer", "Exchange",
+           "Hybrid", "Layerwise", "OverlapCallback", "Sharded", "ShardedHybrid", "StockHorovod",
+           "load_model"]

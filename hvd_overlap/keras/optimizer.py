@@ -19,15 +19,15 @@ import horovod.tensorflow as hvd
 from hvd_overlap.comm.methods import CommSettings, GradientMethod, SliceMethod, default_method
 from hvd_overlap.comm.planner import Planner
 from hvd_overlap.core.autoplan import Candidate
+from hvd_overlap.core.choice import Auto, Layerwise, StockHorovod, Strategy, resolve
 from hvd_overlap.core.plan import DEFAULT_BUCKET_BYTES, Plan
 from hvd_overlap.core.sharding import ShardLayout
-from hvd_overlap.core.strategies import PlanOptions, get_strategy
+from hvd_overlap.core.strategies import get_strategy
 from hvd_overlap.keras.executors import Executor, Plain, make_executor
 from hvd_overlap.keras.executors.auto import AUTO, AutoExecutor, auto_choices
 from hvd_overlap.keras.train_step import OverlapTrainStep
 from hvd_overlap.keras.validation import (
     validate,
-    validate_auto,
     validate_deferring,
     validate_elastic,
     validate_exchange,
@@ -45,7 +45,13 @@ class _DistributedMixin:
 
     @property
     def strategy(self) -> str:
+        """The running strategy's name (``"auto"`` while it chooses; ``plan`` says what)."""
         return self._hvdo.strategy
+
+    @property
+    def strategy_config(self) -> Strategy:
+        """The strategy object this optimizer runs (``hvd_overlap.core.choice``)."""
+        return self._hvdo.chosen
 
     @property
     def plan(self) -> Plan:
@@ -246,7 +252,7 @@ def _distributed_class(base: type, options: dict) -> type:
 
 def DistributedOptimizer(  # noqa: N802 -- same name as Horovod's factory
     optimizer,
-    strategy: str = "layerwise",
+    strategy: str | Strategy = "layerwise",
     bucket_bytes: int | str = DEFAULT_BUCKET_BYTES,
     ordered: bool = False,
     defer: int | str | None = None,
@@ -270,110 +276,102 @@ def DistributedOptimizer(  # noqa: N802 -- same name as Horovod's factory
     """Wrap a Keras optimizer so its gradients are averaged across ranks by ``strategy``.
 
     Same keywords and defaults as ``horovod.tensorflow.keras.DistributedOptimizer``, plus
-    ``strategy`` (``hvd_overlap.STRATEGIES``, or ``"auto"``: the fastest whole-state plan,
-    predicted then measured against stock Horovod's fusion during the first steps; needs
-    ``OverlapCallback`` / ``make_train_step``), ``bucket_bytes`` (the byte budget of a bucket;
-    ``"auto"``: chosen the same way for layerwise, deferred or hybrid; for sharded among the
-    sharded and sharded_hybrid plans, the optimizer state re-cut at each switch) and
-    ``ordered`` (each backprop bucket's collective waits for the previous one, so they go out in
-    plan order; off by default: measured slower, see README)
-    and ``defer`` (hybrid: how many input-side buckets to defer into the next forward;
-    ``"auto"``: chosen).
-    ``num_groups``/``groups`` apply to ``strategy="horovod"`` only (the plan replaces them);
-    ``process_set`` must be the global one; ``scale_local_gradients`` as Horovod's (see
-    ``register_local_var``). ``gather_with`` (sharded): how the
-    updated slices travel, ``"allgather"`` (default) or ``"alltoall"`` (the same result and
-    bytes; measured no faster on Gloo here, see README "Sharded update").
-    ``exchange`` (sharded): the dense factor exchange -- a ``Dense`` layer's kernel gradient
-    computed from exchanged inputs and output errors, each rank computing only its rows:
-    ``"never"`` (default), ``"auto"`` (per layer, where it moves fewer bytes, decided after
-    the first step from its batch) or ``"always"``; needs the model (``OverlapCallback``,
-    ``make_train_step(step_fn, model)`` or ``opt.attach_model(model)``).
-    ``exchange_forward`` (with ``exchange``): how an exchanged kernel's forward gets its
-    weights: ``"gather"`` (its updated rows are all-gathered, as any sharded bucket), ``"rows"``
-    (they stay on their rank: the forward multiplies each rank's rows by exchanged inputs, and
-    the whole kernel is gathered only when the weights are read -- ``flush``) or ``"auto"``
-    (default: per layer, the one that moves fewer bytes).
+    ``strategy``: an object of ``hvd_overlap.core.choice`` (``Layerwise()``, ``Deferred()``,
+    ``Hybrid()``, ``Sharded()``, ``ShardedHybrid()``, ``Auto()``, ``StockHorovod()``), each
+    taking only the settings it uses, or its name (``"sharded+exchange"``: the one string
+    spelling, ``hvd_overlap.core.choice.parse``). With a name, ``bucket_bytes``, ``ordered``,
+    ``defer``, ``gather_with``, ``exchange``, ``exchange_forward``, ``num_groups`` and
+    ``groups`` are sugar for the object's settings: one a strategy has no use for is a
+    ``TypeError``. ``process_set`` must be the global one; ``scale_local_gradients`` as
+    Horovod's (see ``register_local_var``). Deferring strategies and ``auto`` need
+    ``OverlapCallback`` (``model.fit``) or ``make_train_step`` (custom loops).
     """
-    options = {k: v for k, v in locals().items() if k != "optimizer"}
+    chosen = resolve(strategy, bucket_bytes=bucket_bytes, ordered=ordered, defer=defer,
+                     gather_with=gather_with, exchange=exchange,
+                     exchange_forward=exchange_forward, num_groups=num_groups, groups=groups)
+    options = {"strategy": chosen, "name": name, "device_dense": device_dense,
+               "device_sparse": device_sparse, "compression": compression,
+               "sparse_as_dense": sparse_as_dense,
+               "gradient_predivide_factor": gradient_predivide_factor, "op": op,
+               "backward_passes_per_step": backward_passes_per_step,
+               "average_aggregated_gradients": average_aggregated_gradients,
+               "process_set": process_set, "scale_local_gradients": scale_local_gradients}
     if isinstance(backward_passes_per_step, int) and backward_passes_per_step > 1:
-        strategy, bucket_bytes, defer, exchange = _accumulating_plan(
-            strategy, bucket_bytes, defer, exchange, backward_passes_per_step)
-    tuned = AUTO in (strategy, bucket_bytes, defer)
-    if tuned:
-        validate_auto(optimizer, strategy, bucket_bytes, defer, backward_passes_per_step,
-                      exchange)
-    plan_strategy = "horovod" if strategy == AUTO else strategy
-    strat = get_strategy(plan_strategy)
-    validate(optimizer, plan_strategy, DEFAULT_BUCKET_BYTES if bucket_bytes == AUTO
-             else bucket_bytes, op, gradient_predivide_factor, backward_passes_per_step,
-             num_groups, groups, process_set, gather_with)
-    if strat.shards:
+        chosen = _accumulating_plan(chosen, backward_passes_per_step)
+    validate(optimizer, op, gradient_predivide_factor, backward_passes_per_step, process_set)
+    if chosen.shards:
         validate_sharding(optimizer)
-    validate_exchange(exchange, strat.shards, strategy, compression, exchange_forward)
-    if strat.defers:
-        validate_deferring(optimizer, strategy, backward_passes_per_step,
-                           None if defer == AUTO else defer, per_bucket=not strat.shards)
-    validate_elastic(strategy, strat.defers or tuned)
-    if strategy == "horovod":
+    if getattr(chosen, "exchange", None) is not None:
+        validate_exchange(compression)
+    if chosen.defers and not isinstance(chosen, Auto):
+        validate_deferring(optimizer, chosen.name, per_bucket=not chosen.shards)
+    validate_elastic(chosen.name, chosen.defers or chosen.tuned)
+    if isinstance(chosen, StockHorovod):
         prefix = name or f"Distributed{type(optimizer).__name__}"
     else:
         prefix = name or f"hvdo{next(_counter)}"
     settings = CommSettings(
         name=prefix, op=op, compression=compression, sparse_as_dense=sparse_as_dense,
         gradient_predivide_factor=gradient_predivide_factor, device_dense=device_dense,
-        device_sparse=device_sparse, ordered=ordered, gather_with=gather_with,
+        device_sparse=device_sparse, ordered=getattr(chosen, "ordered", False),
+        gather_with=getattr(chosen, "gather_with", "allgather"),
         scale_local_gradients=scale_local_gradients,
-        groups=groups if groups is not None else (num_groups or None),
+        groups=getattr(chosen, "groups", None) or getattr(chosen, "num_groups", 0) or None,
     )
     cls = _distributed_class(type(optimizer), options)
     wrapped = super(_DistributedMixin, cls).from_config(optimizer.get_config())
     plain = _plain(wrapped)
+    plan_options = chosen.plan_options(hvd.size())
 
     def executor(c: Candidate) -> Executor:
         """The executor of one plan (a candidate of ``auto``, or the user's own)."""
         st = get_strategy(c.strategy)
-        sets = settings if not tuned else replace(
+        sets = settings if not chosen.tuned else replace(
             settings, name=f"{prefix}.{c.strategy}.{c.bucket_bytes}.{c.defer}")
-        planner = Planner(st, PlanOptions(c.bucket_bytes or DEFAULT_BUCKET_BYTES, c.defer,
-                                          gather_with, exchange, exchange_forward, hvd.size()),
-                          sparse_as_dense)
+        planner = Planner(st, replace(plan_options, bucket_bytes=c.bucket_bytes
+                                      or DEFAULT_BUCKET_BYTES, defer=c.defer), sparse_as_dense)
         method = default_method(sets, fused_by_horovod=c.strategy == "horovod", shards=st.shards)
         return make_executor(st, wrapped, plain, planner, method, sets,
                              backward_passes_per_step, average_aggregated_gradients)
 
-    if tuned:
-        probe, pool, label = auto_choices(optimizer, strategy, bucket_bytes, defer)
-        wrapped._hvdo = AutoExecutor(wrapped, plain, executor, probe, pool, settings,
-                                     label)
+    size = getattr(chosen, "bucket_bytes", 0)
+    defer_ = getattr(chosen, "defer", None)
+    if chosen.tuned:
+        probe, pool, label = auto_choices(optimizer, chosen.name, size, defer_)
+        wrapped._hvdo = AutoExecutor(wrapped, plain, executor, probe, pool, settings, label)
     else:
-        wrapped._hvdo = executor(Candidate(strategy, bucket_bytes, defer))
+        wrapped._hvdo = executor(Candidate(chosen.name, size, defer_))
+    wrapped._hvdo.chosen = chosen
     entry = wrapped._hvdo.checkpoint_entry
     if entry is not None:  # sharded state: a checkpoint dependency, saved and restored with it
         wrapped._track_trackable(entry, name="hvd_overlap_sharded_state")
     return wrapped
 
 
-def _accumulating_plan(strategy: str, bucket_bytes: int | str, defer: int | str | None,
-                       exchange: str, passes: int) -> tuple[str, int | str, int | None, str]:
+def _accumulating_plan(chosen: Strategy, passes: int) -> Strategy:
     """``backward_passes_per_step > 1`` sums several passes before one reduction, within the
     pass that completes them (as Horovod): nothing is left to defer into the next forward or to
-    shard. A strategy that would do either runs as ``layerwise`` (``auto``: as ``horovod``,
-    stock's fusion), with the same weights, and says so once (rank 0)."""
-    if strategy != AUTO:
-        st = get_strategy(strategy)  # an unknown name is refused as without accumulation
-        if not (st.defers or st.shards):
-            return strategy, bucket_bytes, defer, exchange
-    instead = "horovod" if strategy == AUTO else "layerwise"
+    shard. A strategy that would do either runs as ``Layerwise`` (``Auto``: as
+    ``StockHorovod``, stock's fusion), with the same weights, and says so once (rank 0)."""
+    if not (chosen.defers or chosen.shards):
+        if chosen.tuned:
+            raise ValueError("'auto' times and switches plans step by step, which "
+                             "backward_passes_per_step > 1 does not combine with; pass a "
+                             "bucket size for gradient accumulation")
+        return chosen
+    size = getattr(chosen, "bucket_bytes", DEFAULT_BUCKET_BYTES)
+    instead: Strategy = StockHorovod() if isinstance(chosen, Auto) else Layerwise(
+        bucket_bytes=DEFAULT_BUCKET_BYTES if size == AUTO else size,
+        ordered=getattr(chosen, "ordered", False))
     if hvd.is_initialized() and hvd.rank() == 0:
         warnings.warn(
-            f"hvd_overlap: strategy {strategy!r} with backward_passes_per_step={passes} runs as "
-            f"strategy={instead!r}: the summed gradients are reduced once every {passes} "
-            "passes, within the pass, so nothing is deferred into the next forward or sharded "
-            "(the weights are stock Horovod's). For both, accumulate before the optimizer "
-            "with backward_passes_per_step=1 (hvd_overlap.growth.data."
+            f"hvd_overlap: strategy {chosen.name!r} with backward_passes_per_step={passes} runs "
+            f"as strategy={instead.name!r}: the summed gradients are reduced once every "
+            f"{passes} passes, within the pass, so nothing is deferred into the next forward or "
+            "sharded (the weights are stock Horovod's). For both, accumulate before the "
+            "optimizer with backward_passes_per_step=1 (hvd_overlap.growth.data."
             "enable_gradient_accumulation)", stacklevel=3)
-    return instead, DEFAULT_BUCKET_BYTES if bucket_bytes == AUTO else bucket_bytes, None, "never"
+    return instead
 
 
 def load_model(filepath, custom_optimizers=None, custom_objects=None, compile: bool = True,

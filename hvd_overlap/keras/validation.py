@@ -1,5 +1,6 @@
-"""What ``DistributedOptimizer`` refuses, checked at creation on every rank (no collective), so a
-bad argument fails everywhere alike, with the fix named."""
+"""What ``DistributedOptimizer`` refuses of the optimizer and Horovod's keywords, checked at
+creation on every rank (no collective), so a bad argument fails everywhere alike, with the fix
+named. What a strategy accepts is its object's business (``hvd_overlap.core.choice``)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,6 @@ import os
 
 import horovod.tensorflow as hvd
 import tensorflow as tf
-
-from hvd_overlap.core.autoplan import SHARDED
-from hvd_overlap.core.plan import GATHER_METHODS
 
 #: Keras 2.15's Nadam multiplies its momentum-schedule product once per variable whose traced
 #: Python counter differs from the step, so stock Horovod's own weights change with the number
@@ -54,26 +52,22 @@ def validate_sharding(optimizer) -> None:
                          "does not shard; use strategy='deferred' or 'layerwise'")
 
 
-def validate_deferring(optimizer, strategy, backward_passes_per_step, defer,
-                       per_bucket: bool = True) -> None:
+def validate_deferring(optimizer, strategy: str, per_bucket: bool = True) -> None:
     """What deferring updates cannot do exactly, refused up front (``per_bucket``: the update
     itself is applied bucket by bucket -- deferred, hybrid -- not only its all-gathers)."""
-    if backward_passes_per_step > 1:
-        raise ValueError(f"strategy {strategy!r} does not combine with backward_passes_per_step"
-                         " > 1; use strategy='layerwise' for gradient accumulation")
     if per_bucket and isinstance(optimizer, tf.keras.optimizers.Nadam):
         raise ValueError(_NADAM.format(strategy=strategy))
     if getattr(optimizer, "global_clipnorm", None):
         raise ValueError(f"global_clipnorm needs every gradient at once, but strategy "
                          f"{strategy!r} applies updates bucket by bucket; use clipnorm (per "
                          "variable) or strategy='layerwise'")
-    if defer is not None and (not isinstance(defer, int) or defer < 0):
-        raise ValueError(f"defer must be a number of buckets >= 0, got {defer!r}")
 
 
-def validate(optimizer, strategy, bucket_bytes, op, gradient_predivide_factor,
-              backward_passes_per_step, num_groups, groups, process_set, gather_with) -> None:
-    """Every check is local (no collective), so a bad argument fails on every rank alike."""
+def validate(optimizer, op, gradient_predivide_factor, backward_passes_per_step,
+             process_set) -> None:
+    """Horovod's own keywords and the optimizer itself. Every check is local (no collective),
+    so a bad argument fails on every rank alike. (What a strategy accepts is checked when its
+    object is made: ``hvd_overlap.core.choice``.)"""
     legacy = tf.keras.optimizers.legacy.Optimizer
     if not isinstance(optimizer, tf.keras.optimizers.Optimizer | legacy):
         raise TypeError(f"expected a Keras optimizer (tf.keras.optimizers.*), got "
@@ -83,22 +77,13 @@ def validate(optimizer, strategy, bucket_bytes, op, gradient_predivide_factor,
                         "wrap the plain optimizer once")
     if op not in (hvd.Average, hvd.Sum):
         raise ValueError("op must be hvd.Average or hvd.Sum (as in Horovod's Keras optimizer)")
-    if not isinstance(bucket_bytes, int) or bucket_bytes <= 0:
-        raise ValueError(f"bucket_bytes must be a positive int (bytes) or 'auto', got "
-                         f"{bucket_bytes!r}")
     if gradient_predivide_factor <= 0:
         raise ValueError("gradient_predivide_factor must be > 0")
     if not isinstance(backward_passes_per_step, int) or backward_passes_per_step < 1:
         raise ValueError(f"backward_passes_per_step must be an int >= 1, got "
                          f"{backward_passes_per_step!r}")
-    if strategy != "horovod" and (num_groups or groups is not None):
-        raise ValueError(f"groups/num_groups are Horovod's manual grouping; strategy "
-                         f"{strategy!r} groups by its plan (tune bucket_bytes instead), or use "
-                         "strategy='horovod'")
     if process_set is not hvd.global_process_set:
         raise ValueError("only the global process set is supported; drop process_set=")
-    if gather_with not in GATHER_METHODS:
-        raise ValueError(f"gather_with={gather_with!r}: choose {' or '.join(GATHER_METHODS)}")
     if not hvd.is_initialized():
         raise RuntimeError("Horovod is not initialised: call hvd.init() "
                            "before creating the DistributedOptimizer")
@@ -116,59 +101,8 @@ def validate_elastic(strategy: str, defers: bool) -> None:
             "'horovod') with elastic training")
 
 
-def validate_auto(optimizer, strategy, bucket_bytes, defer, backward_passes_per_step,
-                  exchange: str = "never") -> None:
-    """What ``"auto"`` (strategy, bucket_bytes or defer) can tune, refused up front otherwise."""
-    from hvd_overlap.core.plan import DEFAULT_BUCKET_BYTES
-
-    auto = "auto"
-    tunable = ("layerwise", "deferred", "hybrid", *SHARDED)
-    if strategy == auto:
-        if bucket_bytes not in (auto, DEFAULT_BUCKET_BYTES) or defer not in (auto, None):
-            raise ValueError("strategy='auto' chooses bucket_bytes and defer itself; to fix "
-                             "them, name the strategy (e.g. strategy='hybrid', "
-                             "bucket_bytes=8 << 20, defer='auto')")
-    elif strategy not in tunable:
-        raise ValueError(f"bucket_bytes/defer='auto' needs strategy 'auto' or one of "
-                         f"{', '.join(tunable)}; strategy {strategy!r} has no buckets to size")
-    elif defer == auto and strategy not in ("hybrid", "sharded_hybrid"):
-        raise ValueError(f"defer='auto' chooses the split of hybrid or sharded_hybrid; strategy "
-                         f"{strategy!r} defers {'every' if strategy == 'deferred' else 'no'} "
-                         "bucket")
-    if strategy in SHARDED and exchange != "never":
-        raise ValueError(f"bucket_bytes/defer='auto' with strategy {strategy!r} does not combine "
-                         f"with exchange={exchange!r} (the exchange patches the model's dense "
-                         "layers for one plan): pass a bucket size, or exchange='never'")
-    if backward_passes_per_step != 1:
-        raise ValueError("'auto' times and switches plans step by step, which "
-                         "backward_passes_per_step > 1 does not combine with; use "
-                         "strategy='layerwise' for gradient accumulation")
-    if bucket_bytes != auto and (not isinstance(bucket_bytes, int) or bucket_bytes <= 0):
-        raise ValueError(f"bucket_bytes must be a positive int (bytes) or 'auto', got "
-                         f"{bucket_bytes!r}")
-    if defer not in (auto, None) and (not isinstance(defer, int) or defer < 0):
-        raise ValueError(f"defer must be a number of buckets >= 0 or 'auto', got {defer!r}")
-    del optimizer  # every optimizer: auto leaves deferring plans out where they cannot be exact
-
-
-def validate_exchange(exchange, shards: bool, strategy: str, compression,
-                      forward: str = "auto") -> None:
-    """The dense factor exchange: a sharded strategy's option, without gradient compression."""
-    from hvd_overlap.core.exchange import EXCHANGE_MODES, FORWARD_MODES, NEVER
-
-    if exchange not in EXCHANGE_MODES:
-        raise ValueError(f"exchange={exchange!r}: choose one of {', '.join(EXCHANGE_MODES)}")
-    if forward not in FORWARD_MODES:
-        raise ValueError(f"exchange_forward={forward!r}: choose one of "
-                         f"{', '.join(FORWARD_MODES)}")
-    if exchange == NEVER:
-        return
-    if not shards:
-        raise ValueError(f"exchange={exchange!r} is part of the sharded update (each rank "
-                         f"computes and updates its rows of a dense kernel); strategy "
-                         f"{strategy!r} keeps whole gradients: use strategy='sharded' or "
-                         "'sharded_hybrid', or drop exchange=")
+def validate_exchange(compression) -> None:
+    """The dense factor exchange sends activations, which gradient compression cannot cover."""
     if compression is not hvd.Compression.none:
         raise ValueError("the dense factor exchange sends activations, which gradient "
-                         "compression does not cover: drop compression= or pass "
-                         "exchange='never'")
+                         "compression does not cover: drop compression= or the exchange")

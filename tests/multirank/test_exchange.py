@@ -295,8 +295,13 @@ def test_layer_called_on_2d_and_3d_inputs_is_refused_on_every_rank():
                   verbose=0, callbacks=[hvdo.OverlapCallback()])
 
 
+def test_the_exchange_on_a_strategy_without_slices_cannot_be_written():
+    with pytest.raises(TypeError, match="applies to sharded, sharded_hybrid"):
+        hvdo.DistributedOptimizer(tf.keras.optimizers.SGD(0.1), strategy="layerwise",
+                                  exchange="always")
+
+
 @pytest.mark.parametrize("kw, match", [
-    ({"strategy": "layerwise", "exchange": "always"}, "sharded"),
     ({"strategy": "sharded", "exchange": "sometimes"}, "exchange="),
     ({"strategy": "sharded", "exchange": "auto", "exchange_forward": "scatter"},
      "exchange_forward="),

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from hvd_overlap.core.choice import parse
 from hvd_overlap.core.exchange import AUTO, GATHER, NEVER, ROWS, DenseShape, label_exchange
 from hvd_overlap.core.plan import (
     BACKWARD,
@@ -57,16 +58,14 @@ class StepBucket:
 
 def exchange_mode(strategy: str) -> tuple[str, str, str]:
     """The runtime strategy and ``exchange`` and ``exchange_forward`` keywords of a simulator
-    strategy: ``sharded+exchange`` -> ``("sharded", "auto", "auto")``,
-    ``sharded+exchange+rows`` -> ``("sharded", "auto", "rows")``, ``sharded`` ->
-    ``("sharded", "never", "auto")``."""
-    for suffix, forward in (*FORWARD_SUFFIXES.items(), (_COST_CHOICE, AUTO)):
-        if suffix and strategy.endswith(suffix):
-            base, _, _ = exchange_mode(strategy[:-len(suffix)])
-            return base, AUTO, forward
-    if strategy.endswith(EXCHANGE_SUFFIX):
-        return strategy[:-len(EXCHANGE_SUFFIX)], AUTO, AUTO
-    return strategy, NEVER, AUTO
+    strategy, read by the one strategy parser (``hvd_overlap.core.choice.parse``):
+    ``sharded+exchange`` -> ``("sharded", "auto", "auto")``, ``sharded+exchange+rows`` ->
+    ``("sharded", "auto", "rows")``, ``sharded`` -> ``("sharded", "never", "auto")``."""
+    if strategy.endswith(_COST_CHOICE):
+        return exchange_mode(strategy[:-len(_COST_CHOICE)])
+    chosen = parse(strategy)
+    options = chosen.plan_options()
+    return chosen.name, options.exchange, options.exchange_forward
 
 
 def _specs(profile: Profile, exchange: bool = False) -> list[VarSpec]:

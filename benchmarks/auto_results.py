@@ -1,26 +1,23 @@
 """The measured grid of ``strategy="auto"`` (``scripts/auto-bench``):
 
-    python -m hvd_overlap.tools.bench.auto_results OUT.md RUN.json [RUN.json ...]
+    python -m benchmarks auto-results OUT.md RUN.json [RUN.json ...]
 
-Each RUN.json is a ``hvd-overlap bench --json`` file with ``auto`` among its strategies. Per run:
-auto's step time against real stock Horovod's and against the best fixed strategy of the same
-run (stock included), with a 90% bootstrap interval of each ratio (rounds resampled, then
-steps within them: how far this machine's noise lets the figure move), and what auto chose in
-each round. A run that also measured ``stock#2`` (a second, independent stock entry) shows
-stock / stock#2: the same code against itself, the ratio this machine cannot resolve.
+Each RUN.json is a ``python -m benchmarks bench --json`` file with ``auto`` among its strategies.
+Per run: auto's step time against real stock Horovod's and against the best fixed strategy of the
+same run (stock included), with a 90% bootstrap interval of each ratio (rounds resampled, then steps
+within them: how far this machine's noise lets the figure move), and what auto chose in each round.
+A run that also measured ``stock#2`` (a second, independent stock entry) shows stock / stock#2: the
+same code against itself, the ratio this machine cannot resolve.
 """
 
 from __future__ import annotations
 
-import json
 import random
 import statistics
-import sys
-from pathlib import Path
 from typing import Any
 
-from hvd_overlap.tools.bench import report
-from hvd_overlap.tools.bench.config import AUTO, LOCAL, REPLICA, STOCK
+from benchmarks import report
+from benchmarks.config import AUTO, LOCAL, REPLICA, STOCK
 
 #: the A/A control: a second stock entry
 STOCK_AGAIN = f"{STOCK}{REPLICA}2"
@@ -150,13 +147,3 @@ def _reaching(rows: list[dict[str, Any]], key: str, bar: float) -> str:
 def _where(r: dict[str, Any]) -> str:
     c = r["config"]
     return f"{c['model']}, {report.net_label(c)}, {c['batch_size']}/rank"
-
-
-def main(argv: list[str]) -> None:
-    md_path, *paths = argv
-    runs = [json.loads(Path(p).read_text()) for p in paths]
-    Path(md_path).write_text(markdown(runs))
-
-
-if __name__ == "__main__":
-    main(sys.argv[1:])

@@ -1,8 +1,8 @@
 """Measured per-collective costs of Horovod on this host: the simulator's calibration.
 
-``hvd-overlap calibrate --net plain --net 1gbit --json FILE`` starts 2 local ranks (Gloo, each
-pinned to its own core, as the benchmark) once per network and per Horovod cycle time, and times
-back-to-back eager allreduces of a few sizes on each. From the times it fits
+``python -m benchmarks calibrate --net plain --net 1gbit --json FILE`` starts 2 local ranks (Gloo,
+each pinned to its own core, as the benchmark) once per network and per Horovod cycle time, and
+times back-to-back eager allreduces of a few sizes on each. From the times it fits
 
 - ``overhead_s``: the fixed cost of one collective with a cycle so short that it does not count
   (``HOROVOD_CYCLE_TIME=0.1``): negotiation, the Gloo round trip, the op's dispatch;
@@ -61,7 +61,7 @@ def _time_op(fn, repeats: int) -> tuple[float, float]:
 
 def measure(repeats: int = 9) -> dict[str, Any] | None:
     """Run on every rank (under horovodrun); the timings on rank 0, None elsewhere."""
-    from hvd_overlap.tools.bench.worker import pin_rank
+    from benchmarks.worker import pin_rank
 
     pin_rank()
     import horovod.tensorflow as hvd
@@ -175,14 +175,14 @@ def fit(short: dict[str, Any], default: dict[str, Any]) -> dict[str, float]:
 def _launch(net: str, cycle_ms: float | None, timeout: float, net_model: str) -> dict[str, Any]:
     """One 2-rank measurement on ``net``: this machine's loopback, one shaped loopback, or two
     emulated hosts (``net_model``), as the benchmark runs them."""
-    from hvd_overlap.tools.bench.launch import (
+    from benchmarks.hostrun import run_on_hosts
+    from benchmarks.launch import (
         ENV_DEFAULTS,
         BenchError,
         horovodrun_command,
         run_logged,
     )
-    from hvd_overlap.tools.hostrun import run_on_hosts
-    from hvd_overlap.tools.netns import (
+    from benchmarks.netns import (
         HOSTS,
         emulated_hosts,
         exec_prefix,
@@ -196,7 +196,7 @@ def _launch(net: str, cycle_ms: float | None, timeout: float, net_model: str) ->
         env["HOROVOD_CYCLE_TIME"] = str(cycle_ms)
     with ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="hvdo-cal-")))
-        worker = [sys.executable, "-m", "hvd_overlap.tools.calibrate", str(tmp / "out.json")]
+        worker = [sys.executable, "-m", "benchmarks.calibrate", str(tmp / "out.json")]
         if rate is not None and net_model == HOSTS:
             hosts = stack.enter_context(emulated_hosts(2, rate))
             with open(tmp / "log", "w") as log:

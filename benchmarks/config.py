@@ -79,7 +79,7 @@ class BenchConfig:
     """What to measure. ``batch_size`` is per rank; ``steps`` are timed per round and strategy,
     after ``warmup`` untimed ones; ``net`` is ``plain`` (this machine's loopback, unshaped) or a
     tc rate (``1gbit``) of the emulated network ``net_model`` (``hosts`` or ``loopback``, see
-    ``hvd_overlap.tools.netns``). ``one_per_launch``: every strategy in a launch of its own
+    ``benchmarks.netns``). ``one_per_launch``: every strategy in a launch of its own
     (otherwise the plugin's strategies share one launch per round, and stock and local
     another). ``history``: untimed steps every strategy trains, in fits of 10, before its timed
     ones -- as ``auto`` does while it chooses (its choice counts towards them) --, so that every
@@ -103,7 +103,7 @@ class BenchConfig:
 
     def validate(self) -> BenchConfig:
         """Raise ValueError naming the bad setting; return self."""
-        from hvd_overlap.tools.netns import parse_net
+        from benchmarks.netns import parse_net
 
         if self.model not in MODEL_NAMES:
             raise ValueError(f"--model {self.model!r}: choose one of {', '.join(MODEL_NAMES)}")
@@ -125,7 +125,7 @@ class BenchConfig:
         for s in self.strategies:
             _check_replica(s, self.strategies)
         parse_net(self.net)
-        from hvd_overlap.tools.netns import NET_MODELS
+        from benchmarks.netns import NET_MODELS
 
         if self.net_model not in NET_MODELS:
             raise ValueError(f"--net-model {self.net_model!r}: choose one of "

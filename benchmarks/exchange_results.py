@@ -1,6 +1,6 @@
 """The dense factor exchange's docs table over several bench runs (``scripts/exchange-bench``):
 
-    python -m hvd_overlap.tools.bench.exchange_results OUT.md RUN.json [RUN.json ...]
+    python -m benchmarks exchange-results OUT.md RUN.json [RUN.json ...]
 
 Per run: the ratios to stock and to plain ``sharded``, the bytes rank 0 sent per step (from the
 Horovod timeline), each round's step times (the spread is this machine's noise), and the command.
@@ -8,14 +8,11 @@ Horovod timeline), each round's step times (the spread is this machine's noise),
 
 from __future__ import annotations
 
-import json
-import sys
-from pathlib import Path
 from typing import Any
 
-from hvd_overlap.tools.bench import report
-from hvd_overlap.tools.bench.config import LOCAL, STOCK
-from hvd_overlap.tools.bench.results import ratio_table
+from benchmarks import report
+from benchmarks.config import LOCAL, STOCK
+from benchmarks.results import ratio_table
 
 SHARDED = "sharded"
 
@@ -67,12 +64,3 @@ def markdown(runs: list[dict[str, Any]]) -> str:
     for run in runs:
         lines += [f"- {report.headline(run['raw'])}", f"  `{run.get('command', '?')}`"]
     return "\n".join(lines) + "\n"
-
-
-def main(argv: list[str]) -> None:
-    md_path, *paths = argv
-    Path(md_path).write_text(markdown([json.loads(Path(p).read_text()) for p in paths]))
-
-
-if __name__ == "__main__":
-    main(sys.argv[1:])

@@ -9,7 +9,7 @@ rendezvous is started here, inside the switch namespace every host reaches.
 Each rank's output lines are tagged ``[k]<stdout>:`` as ``horovodrun`` tags them. If a rank
 exits non-zero, the others are stopped (as ``horovodrun`` does); so is everything at the timeout.
 
-    hvd-overlap hostrun --np 2 --net 1gbit -- python train.py
+    python -m benchmarks hostrun --np 2 --net 1gbit -- python train.py
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
-from hvd_overlap.tools.netns import Hosts, exec_prefix
+from benchmarks import importable
+from benchmarks.netns import Hosts, exec_prefix
 
 RENDEZVOUS_READY = "hvdo-rendezvous-port "
 
@@ -78,8 +79,8 @@ def stop_all(procs: Sequence[subprocess.Popen]) -> None:
 
 def _start_rendezvous(hosts: Hosts) -> tuple[subprocess.Popen, int]:
     proc = subprocess.Popen(
-        [*exec_prefix(hosts.switch), sys.executable, "-m", "hvd_overlap.tools.hostrun",
-         "--serve-rendezvous", *hosts.names],
+        [*exec_prefix(hosts.switch), sys.executable, "-m", "benchmarks.hostrun",
+         "--serve-rendezvous", *hosts.names], env=importable(dict(os.environ)),
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True)
     assert proc.stdout is not None
     for line in proc.stdout:
@@ -96,7 +97,7 @@ def run_on_hosts(cmd: Sequence[str], hosts: Hosts, *, timeout: float,
     ``on_line``. Returns 0, the first non-zero exit code, or -15 if stopped at ``timeout``.
     ``pin``: rank k runs on core ``k mod cores`` (``taskset``), as ``scripts/pin-rank`` pins
     ranks that share a machine."""
-    base = dict(os.environ if env is None else env)
+    base = importable(dict(os.environ if env is None else env))
     cores = sorted(os.sched_getaffinity(0))
     rendezvous, port = _start_rendezvous(hosts)
     procs: list[subprocess.Popen] = []
@@ -141,10 +142,12 @@ def run_on_hosts(cmd: Sequence[str], hosts: Hosts, *, timeout: float,
 
 
 def main(argv: Sequence[str]) -> None:
+    """The rendezvous server's process (``_start_rendezvous``); ``python -m benchmarks hostrun``
+    is the command."""
     if argv[:1] == ["--serve-rendezvous"]:
         serve_rendezvous(argv[1:])
         return
-    raise SystemExit("usage: hvd-overlap hostrun --np N --net RATE -- COMMAND")
+    raise SystemExit("usage: python -m benchmarks hostrun --np N --net RATE -- COMMAND")
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ that alternates with the round; then merge the launches' step times and read the
 Each launch is the worker on ``np`` ranks: ``horovodrun -np N -H localhost:N --gloo`` on this
 machine (``--net plain``) or inside one shaped loopback (``--net-model loopback``), or one rank
 per emulated host through Horovod's Gloo rendezvous (``--net-model hosts``, the default; see
-``hvd_overlap.tools.hostrun``). The network is made once for the whole benchmark.
+``benchmarks.hostrun``). The network is made once for the whole benchmark.
 
 A launch runs in its own process group under an outer timeout; on timeout, error or Ctrl-C
 it gets SIGTERM, then SIGKILL. Horovod's stall shutdown is set too, so a rank left waiting exits
@@ -26,10 +26,10 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from hvd_overlap.tools.bench.config import BenchConfig, is_clean_group
-from hvd_overlap.tools.bench.worker import PROGRESS, Job
-from hvd_overlap.tools.hostrun import run_on_hosts, stop_all
-from hvd_overlap.tools.netns import (
+from benchmarks import importable
+from benchmarks.config import BenchConfig, is_clean_group
+from benchmarks.hostrun import run_on_hosts, stop_all
+from benchmarks.netns import (
     HOSTS,
     Hosts,
     emulated_hosts,
@@ -38,6 +38,7 @@ from hvd_overlap.tools.netns import (
     raise_on_signals,
     shaped_namespace,
 )
+from benchmarks.worker import PROGRESS, Job
 
 ENV_DEFAULTS = {
     "TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": "2", "TF_CPP_MIN_LOG_LEVEL": "2",
@@ -63,7 +64,7 @@ def horovodrun_command(np: int, argv: list[str]) -> list[str]:
 
 
 def worker_command(job_path: str, out_path: str) -> list[str]:
-    return [sys.executable, "-m", "hvd_overlap.tools.bench.worker", job_path, out_path]
+    return [sys.executable, "-m", "benchmarks.worker", job_path, out_path]
 
 
 def launch_plan(cfg: BenchConfig) -> list[tuple[int, tuple[str, ...]]]:
@@ -89,9 +90,10 @@ def _progress_filter(log, on_progress: Callable[[str], None]) -> Callable[[str],
 
 
 def _environment(overrides: dict[str, str] | None = None) -> dict[str, str]:
-    """This process's environment, ``ENV_DEFAULTS`` where it sets nothing, then ``overrides``."""
+    """This process's environment, ``ENV_DEFAULTS`` where it sets nothing, then ``overrides``
+    (and the repository root on ``PYTHONPATH``: the ranks import ``benchmarks``)."""
     env = {**{k: v for k, v in ENV_DEFAULTS.items() if k not in os.environ}, **os.environ}
-    return {**env, **(overrides or {})}
+    return importable({**env, **(overrides or {})})
 
 
 def run_logged(cmd: list[str], log_path: Path, timeout: float,
@@ -143,7 +145,7 @@ def _launch(cfg: BenchConfig, job: Job, tmp: Path, network: str | Hosts | None,
 def merge(cfg: BenchConfig, launches: list[dict[str, Any]]) -> dict[str, Any]:
     """One raw result from the launches: step times per strategy in round order, wire times
     from the timelines, and what every launch recorded about its process."""
-    from hvd_overlap.tools.bench.timelines import wire_bytes_per_step, wire_time_per_step
+    from benchmarks.timelines import wire_bytes_per_step, wire_time_per_step
 
     first = launches[0]
     times: dict[str, list[float]] = {s: [] for s in cfg.strategies}
@@ -197,7 +199,7 @@ def run_bench(cfg: BenchConfig, on_progress: Callable[[str], None]) -> dict[str,
     if under_horovodrun():
         if rate is not None:
             raise ValueError("already under horovodrun: the network is the one it runs in; "
-                             "use --net plain, or run hvd-overlap bench without horovodrun")
+                             "use --net plain, or run the bench without horovodrun")
         return _in_this_process(cfg)
     with ExitStack() as stack:
         stack.enter_context(raise_on_signals())
@@ -220,7 +222,7 @@ def run_bench(cfg: BenchConfig, on_progress: Callable[[str], None]) -> dict[str,
 
 def _in_this_process(cfg: BenchConfig) -> dict[str, Any] | None:
     """Under horovodrun: every strategy in this process, one job per round."""
-    from hvd_overlap.tools.bench import worker
+    from benchmarks import worker
 
     # the same directory on every rank (the rendezvous port is the job's): rank 0 writes there
     job_id = os.environ.get("HOROVOD_GLOO_RENDEZVOUS_PORT", str(os.getppid()))

@@ -2,10 +2,10 @@
 
 Two models:
 
-- ``emulated_hosts(np, "1gbit")`` (the default of ``hvd-overlap bench``): ``np`` namespaces, one
-  per host, each with its own ``eth0``, address (10.77.0.k+1) and host-name mapping, all plugged
-  into a bridge in a switch namespace (10.77.0.254, where the rendezvous server runs). Both
-  directions of every port are shaped with ``tbf``: the host's egress and the switch's egress
+- ``emulated_hosts(np, "1gbit")`` (the default of ``python -m benchmarks bench``): ``np``
+  namespaces, one per host, each with its own ``eth0``, address (10.77.0.k+1) and host-name mapping,
+  all plugged into a bridge in a switch namespace (10.77.0.254, where the rendezvous server runs).
+  Both directions of every port are shaped with ``tbf``: the host's egress and the switch's egress
   towards it, so each host has a full-duplex link of that rate, like hosts on a switch.
 - ``shaped_namespace("1gbit")``: one namespace whose loopback is shaped; every rank runs inside
   it, so all ranks and both directions share one queue of that rate (a half-duplex bus: one

@@ -39,7 +39,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from hvd_overlap.tools.bench.config import LOCAL, STOCK, base_name
+from benchmarks.config import LOCAL, STOCK, base_name
 from hvd_overlap.tools.timeline import GATHER_OPS
 
 Summary = dict[str, dict[str, Any]]
@@ -83,7 +83,7 @@ def step_time(raw: dict[str, Any], strategy: str) -> float:
 
 def link_bytes(raw: dict[str, Any], strategy: str) -> float | None:
     """Rank 0's link bytes per timed step, median over rounds (see the module docstring)."""
-    from hvd_overlap.tools.netns import HOSTS, LOOPBACK, PLAIN
+    from benchmarks.netns import HOSTS, LOOPBACK, PLAIN
 
     c = raw.get("config", {})
     rounds = (raw.get("link_bytes_per_step") or {}).get(strategy) or []

@@ -1,27 +1,25 @@
 """The docs table over several bench runs (``scripts/bench-results``):
 
-    python -m hvd_overlap.tools.bench.results OUT.md OUT.png RUN.json [RUN.json ...]
+    python -m benchmarks bench-results OUT.md OUT.png RUN.json [RUN.json ...]
 
-Each RUN.json is a ``hvd-overlap bench --json`` file; its ``command`` key (added by the script)
-is quoted in OUT.md so every number can be regenerated.
+Each RUN.json is a ``python -m benchmarks bench --json`` file; its ``command`` key (added by the
+script) is quoted in OUT.md so every number can be regenerated.
 """
 
 from __future__ import annotations
 
-import json
-import sys
-from pathlib import Path
 from typing import Any
 
-from hvd_overlap.tools.bench import report
-from hvd_overlap.tools.bench.config import LOCAL, STOCK
+from benchmarks import report
+from benchmarks.config import LOCAL, STOCK
 
 
 def _num(x: float | None, fmt: str) -> str:
     return "-" if x is None else format(x, fmt)
 
 
-def _label(raw: dict[str, Any]) -> str:
+def label(raw: dict[str, Any]) -> str:
+    """A run's title in the plot: model, network, batch per rank."""
     c = raw["config"]
     return f"{c['model']}, {report.net_label(c)}, {c['batch_size']}/rank"
 
@@ -108,14 +106,3 @@ def markdown(runs: list[dict[str, Any]]) -> str:
     for run in runs:
         lines += [f"- {report.headline(run['raw'])}", f"  `{run.get('command', '?')}`"]
     return "\n".join(lines) + "\n"
-
-
-def main(argv: list[str]) -> None:
-    md_path, png_path, *paths = argv
-    runs = [json.loads(Path(p).read_text()) for p in paths]
-    Path(md_path).write_text(markdown(runs))
-    report.plot(png_path, {_label(r["raw"]): r["strategies"] for r in runs})
-
-
-if __name__ == "__main__":
-    main(sys.argv[1:])

@@ -1,4 +1,4 @@
-"""One rank of one benchmark launch: ``python -m hvd_overlap.tools.bench.worker JOB.json OUT.json``.
+"""One rank of one benchmark launch: ``python -m benchmarks.worker JOB.json OUT.json``.
 
 A launch measures a group of strategies: either ``stock`` and ``local`` -- real
 ``horovod.tensorflow.keras.DistributedOptimizer`` and the plain optimizer, in a process that never
@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from hvd_overlap.tools.bench.config import (
+from benchmarks.config import (
     AUTO,
     LOCAL,
     STOCK,
@@ -37,11 +37,11 @@ from hvd_overlap.tools.bench.config import (
     is_clean_group,
     plugin_options,
 )
-from hvd_overlap.tools.netns import link_bytes_sent
+from benchmarks.netns import link_bytes_sent
 
 PROGRESS = "hvdo: "  # prefix of progress lines (the launcher forwards them)
-#: The plugin's runtime: a clean (baseline) process loads none of it (the pure ``core`` and the
-#: benchmark's own ``tools`` carry no TensorFlow or Horovod code that could touch stock's path).
+#: The plugin's runtime: a clean (baseline) process loads none of it (the pure ``core``, the
+#: models of ``hvd_overlap.tools`` and this lab carry no code that could touch stock's path).
 RUNTIME = ("hvd_overlap.comm", "hvd_overlap.keras", "hvd_overlap.growth")
 
 

@@ -1,9 +1,10 @@
 """A/A check of the benchmark's noise: the same plans, alone in a launch and side by side.
 
-Run one launch per argument, on 2 emulated hosts at 1 Gbit/s (root), e.g.::
+Run one launch per argument, on 2 emulated hosts at 1 Gbit/s (root), from the repository
+root (the ranks import ``benchmarks``), e.g.::
 
     for k in stock horovod stock,horovod,layerwise,hybrid; do
-      hvd-overlap hostrun --np 2 --net 1gbit -- python examples/aa_check.py $k
+      python -m benchmarks hostrun --np 2 --net 1gbit -- python examples/aa_check.py $k
     done
 
 Each trainee (``stock``: real ``hvd.DistributedOptimizer``; any other name: the plugin's
@@ -20,7 +21,7 @@ import horovod.tensorflow.keras as hvd_keras
 import numpy as np
 import tensorflow as tf
 
-from hvd_overlap.tools.bench.worker import pin_rank
+from benchmarks.worker import pin_rank
 from hvd_overlap.tools.models import build_model, synthetic_batch
 
 

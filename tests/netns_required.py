@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from hvd_overlap.tools.netns import NetnsError, check_requirements
+from benchmarks.netns import NetnsError, check_requirements
 
 
 def require_netns() -> None:

@@ -10,7 +10,7 @@ from hvd_overlap.core import autoplan
 from hvd_overlap.core.autoplan import Candidate, choose, splits
 from hvd_overlap.core.simulate import Cluster, Layer, Profile, load_profile, simulate
 from hvd_overlap.tools.cli import main
-from hvd_overlap.tools.scaling import cluster_from_options
+from hvd_overlap.tools.simulate_report import cluster_from_options
 
 MIB = 2**20
 # six 8 MiB layers; 1 GiB/s: an 8 MiB allreduce at P=2 takes ~8 ms, each layer computes 3+6 ms
@@ -83,8 +83,10 @@ def test_simulate_command_shows_what_auto_chooses(tmp_path):
 
 
 def test_auto_grid_command(tmp_path):
+    from benchmarks.cli import main as lab
+
     md = tmp_path / "grid.md"
-    result = CliRunner().invoke(main, ["auto-grid", "vgg16", "--np", "2,8", "--bandwidth",
+    result = CliRunner().invoke(lab, ["auto-grid", "vgg16", "--np", "2,8", "--bandwidth",
                                        "10gbit", "--latency", "10us", "--markdown", str(md)])
     assert result.exit_code == 0, result.output
     assert md.read_text() == result.output.rstrip("\n") + "\n"

@@ -1,6 +1,7 @@
-"""hvd-overlap bench: arithmetic and formatting on fake measurements, validation, the launch plan,
-the emulated networks (one shaped loopback; hosts on a switch), the launchers' timeouts, and tiny
-real 2-rank runs on this machine and on two emulated hosts."""
+"""``python -m benchmarks bench``: arithmetic and formatting on fake measurements, validation, the
+launch plan, the emulated networks (one shaped loopback; hosts on a switch), the launchers'
+timeouts, tiny real 2-rank runs on this machine and on two emulated hosts, and the docs tables'
+commands."""
 
 import json
 import subprocess
@@ -9,17 +10,17 @@ import time
 import pytest
 from click.testing import CliRunner
 
-from hvd_overlap import STRATEGIES
-from hvd_overlap.tools.bench import LOCAL, BenchConfig, launch, report
-from hvd_overlap.tools.bench.config import AUTO, MODEL_NAMES, STOCK
-from hvd_overlap.tools.cli import main
-from hvd_overlap.tools.models import MODELS
-from hvd_overlap.tools.netns import (
+from benchmarks import LOCAL, BenchConfig, launch, report
+from benchmarks.cli import main
+from benchmarks.config import AUTO, MODEL_NAMES, STOCK
+from benchmarks.netns import (
     NetnsError,
     namespaces,
     parse_net,
     shaped_namespace,
 )
+from hvd_overlap import STRATEGIES
+from hvd_overlap.tools.models import MODELS
 from tests.netns_required import require_netns
 
 RAW = {"config": {"model": "vgg", "batch_size": 64, "net": "1gbit", "rounds": 3, "steps": 10,
@@ -159,7 +160,7 @@ def test_launch_plan_runs_the_clean_baseline_in_launches_of_its_own():
 
 
 def test_a_replica_runs_where_its_strategy_runs():
-    from hvd_overlap.tools.bench.config import base_name, is_clean_group, plugin_options
+    from benchmarks.config import base_name, is_clean_group, plugin_options
 
     assert base_name("stock#2") == STOCK and base_name("sharded+exchange#2") == "sharded+exchange"
     assert is_clean_group(["stock#2", LOCAL]) and not is_clean_group(["stock#2", "layerwise#2"])
@@ -174,7 +175,7 @@ def test_a_replica_runs_where_its_strategy_runs():
 def test_a_clean_process_refuses_to_have_loaded_the_plugin():
     """The baseline's check reads sys.modules: it must see the plugin's runtime when loaded."""
     import hvd_overlap.keras  # noqa: F401
-    from hvd_overlap.tools.bench.worker import plugin_modules
+    from benchmarks.worker import plugin_modules
 
     assert "hvd_overlap.keras.optimizer" in plugin_modules()
     assert "hvd_overlap.tools.models" not in plugin_modules()
@@ -301,7 +302,7 @@ def test_end_to_end_on_two_emulated_hosts(tmp_path):
 
 
 def test_ratio_table_one_row_per_run_best_in_bold():
-    from hvd_overlap.tools.bench.results import markdown, ratio_table
+    from benchmarks.results import markdown, ratio_table
 
     run = {"raw": RAW, "strategies": report.summarize(
         {**RAW, "step_times": {**RAW["step_times"], "hybrid": [0.9, 0.9, 0.9]}})}
@@ -312,7 +313,7 @@ def test_ratio_table_one_row_per_run_best_in_bold():
 
 
 def test_auto_results_rows_ratios_and_rounds():
-    from hvd_overlap.tools.bench import auto_results
+    from benchmarks import auto_results
 
     raw = {**RAW, "step_times": {STOCK: [0.8] * 2, "layerwise": [0.5] * 2, AUTO: [0.6] * 2,
                                  LOCAL: [0.4] * 2},
@@ -348,7 +349,7 @@ def test_auto_results_rows_ratios_and_rounds():
 
 
 def test_auto_results_interval_is_the_ratio_when_steps_agree_and_none_without_steps():
-    from hvd_overlap.tools.bench import auto_results
+    from benchmarks import auto_results
 
     steady = {"step_means": {STOCK: [[0.8] * 5] * 3, AUTO: [[0.4] * 5] * 3}}
     assert auto_results.ratio_interval(steady, STOCK, AUTO) == (2.0, 2.0)
@@ -356,3 +357,49 @@ def test_auto_results_interval_is_the_ratio_when_steps_agree_and_none_without_st
     lo, hi = auto_results.ratio_interval(noisy, STOCK, AUTO)
     assert 1.6 <= lo < 1.8 < hi <= 2.0  # the point estimate 0.9 / 0.5 inside a real spread
     assert auto_results.ratio_interval({"step_times": {}}, STOCK, AUTO) is None
+
+
+def test_docs_tables_are_commands_of_the_lab(tmp_path):
+    """``python -m benchmarks bench-results / exchange-results / auto-results`` write the docs
+    tables from bench JSON files."""
+    from benchmarks import auto_results, results
+
+    raw = {**RAW, "step_times": {**RAW["step_times"], AUTO: [0.6] * 3}}
+    run = {"raw": raw, "strategies": report.summarize(raw), "command": "made by hand"}
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(run))
+    md, png = tmp_path / "bench.md", tmp_path / "bench.png"
+    res = CliRunner().invoke(main, ["bench-results", str(md), str(png), str(path)])
+    assert res.exit_code == 0, res.output
+    assert md.read_text() == results.markdown([run]) and png.read_bytes()[:4] == b"\x89PNG"
+    res = CliRunner().invoke(main, ["exchange-results", str(md), str(path)])
+    assert res.exit_code == 0, res.output
+    assert md.read_text().startswith("# The dense factor exchange, measured")
+    res = CliRunner().invoke(main, ["auto-results", str(md), str(path)])
+    assert res.exit_code == 0, res.output
+    assert md.read_text() == auto_results.markdown([run])
+    assert CliRunner().invoke(main, ["auto-results", str(md)]).exit_code != 0  # no RUN.json
+
+
+def test_the_simulators_default_costs_are_the_calibrations():
+    """``hvd-overlap simulate`` ships the negotiation and per-tensor cost as constants; they are
+    the calibration's ``cluster_defaults`` (``benchmarks/profiles/overheads-gloo-2rank.json``)."""
+    from benchmarks.validation import load_overheads
+    from hvd_overlap.tools.simulate_report import NEGOTIATION_S, TENSOR_S
+
+    defaults = load_overheads()["cluster_defaults"]
+    assert (NEGOTIATION_S, TENSOR_S) == (defaults["overhead_s"], defaults["tensor_s"])
+
+
+def test_the_package_never_imports_the_lab():
+    """``benchmarks`` is not in the wheel: no module of ``hvd_overlap`` may import it."""
+    import ast
+    from pathlib import Path
+
+    import hvd_overlap
+
+    for f in sorted(Path(hvd_overlap.__file__).parent.rglob("*.py")):
+        for node in ast.walk(ast.parse(f.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            assert not [n for n in names if n.split(".")[0] == "benchmarks"], f

@@ -5,6 +5,8 @@ the bench's spelling."""
 import numpy as np
 import pytest
 
+from benchmarks.config import BenchConfig, plugin_options
+from benchmarks.timelines import wire_bytes_per_step
 from hvd_overlap.core.exchange import (
     ALWAYS,
     AUTO,
@@ -22,8 +24,6 @@ from hvd_overlap.core.exchange import (
 from hvd_overlap.core.plan import EXCHANGE, EXCHANGE_ROWS, FORWARD, VarSpec
 from hvd_overlap.core.sharding import join_slices, own_slice, partition
 from hvd_overlap.core.strategies import PlanOptions, get_strategy
-from hvd_overlap.tools.bench.config import BenchConfig, plugin_options
-from hvd_overlap.tools.bench.timelines import wire_bytes_per_step
 
 
 def test_rows_split_as_horovods_reduce_scatter():

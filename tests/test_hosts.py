@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from hvd_overlap.tools.hostrun import rank_env, run_on_hosts
-from hvd_overlap.tools.netns import (
+from benchmarks.hostrun import rank_env, run_on_hosts
+from benchmarks.netns import (
     NETNS_ETC,
     NetnsError,
     emulated_hosts,
@@ -61,7 +61,7 @@ def test_link_bytes_sent_counts_a_hosts_own_link():
     """What the bench reads per timed step: inside a host's namespace, its own link's counter,
     which grows by what it sends to another host."""
     send = ("import socket, sys\n"
-            "from hvd_overlap.tools.netns import link_bytes_sent\n"
+            "from benchmarks.netns import link_bytes_sent\n"
             "before = link_bytes_sent()\n"
             "s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
             "for _ in range(100): s.sendto(bytes(1000), (sys.argv[1], 9))\n"
@@ -134,7 +134,7 @@ def test_the_timeout_stops_every_rank():
 def test_hostrun_command_runs_one_rank_per_host():
     from click.testing import CliRunner
 
-    from hvd_overlap.tools.cli import main
+    from benchmarks.cli import main
 
     code = "import os; print('RANK', os.environ['HOROVOD_RANK'], os.environ['HOROVOD_HOSTNAME'])"
     res = CliRunner().invoke(main, ["hostrun", "--np", "2", "--net", "plain", "--timeout", "60",

@@ -8,6 +8,8 @@ import pytest
 import tensorflow as tf
 from click.testing import CliRunner
 
+from benchmarks.cli import main as lab
+from benchmarks.validation import lab_profile, validation_markdown
 from hvd_overlap.core.exchange import DenseShape
 from hvd_overlap.core.plan import EXCHANGE, FORWARD, VarSpec, build_layerwise_plan
 from hvd_overlap.core.simulate import (
@@ -26,7 +28,7 @@ from hvd_overlap.core.simulate import (
 )
 from hvd_overlap.keras.flops import dense_kernel, layer_flops
 from hvd_overlap.tools.cli import main
-from hvd_overlap.tools.scaling import parse_duration, parse_ranks, validation_markdown
+from hvd_overlap.tools.simulate_report import parse_duration, parse_ranks
 
 # Two layers a -> b, 100 B of gradient each; 100 B/s: an allreduce of 100 B at P=2 takes 1 s.
 TWO = Profile("two", 1, (Layer("a", 1.0, 2.0, 100, tensors=1),
@@ -290,14 +292,14 @@ def test_validation_against_a_bench_run(tmp_path):
     # communication costs something
     assert all(c.predicted > local for c in checks if c.predicted is not None)
     png, md = tmp_path / "v.png", tmp_path / "v.md"
-    res = CliRunner().invoke(main, ["simulate", "--validate", str(path), "--plot", str(png),
-                                    "--markdown", str(md)])
+    res = CliRunner().invoke(lab, ["validate", str(path), "--plot", str(png),
+                                   "--markdown", str(md)])
     assert res.exit_code == 0, res.output
     assert png.read_bytes()[:4] == b"\x89PNG" and "| vgg | plain | horovod |" in md.read_text()
 
 
 def test_calibration_fit():
-    from hvd_overlap.tools.calibrate import GROUP, SIZES, fit
+    from benchmarks.calibrate import GROUP, SIZES, fit
 
     def run(base: float) -> dict:
         return {"sizes": {str(n): {"wall_s": base + n / 1e9} for n in SIZES},
@@ -314,7 +316,7 @@ def test_calibration_fit():
 
 
 def test_calibration_fit_per_collective_type():
-    from hvd_overlap.tools.calibrate import GROUP, PHASE_SIZES, SIZES, fit
+    from benchmarks.calibrate import GROUP, PHASE_SIZES, SIZES, fit
 
     def run(base: float) -> dict:
         return {"sizes": {str(n): {"wall_s": base + n / 1e9} for n in SIZES},
@@ -327,7 +329,7 @@ def test_calibration_fit_per_collective_type():
     # 2 ranks: each moves half of the n bytes, so the link rate is half of n / seconds
     assert f["reduce_scatter_bandwidth"] == pytest.approx(2.5e8)
     assert f["allgather_bandwidth"] == pytest.approx(1.25e8)
-    from hvd_overlap.tools.scaling import measured_cluster
+    from benchmarks.validation import measured_cluster
 
     c = measured_cluster("1gbit", 2, {"nets": {"1gbit hosts": {"fit": f}}}, "hosts")
     assert c.allgather(1e8) == pytest.approx(0.5 * 1e8 / 1.25e8)
@@ -422,7 +424,7 @@ def test_exchange_choices_follow_exchange_pays():
 
 @pytest.mark.parametrize("name", ["vgg16", "mlp-b64-cpu", "vgg-b64-cpu", "resnet50"])
 def test_exchange_never_slower_on_a_bandwidth_bound_link(name):
-    prof = load_profile(name)
+    prof = lab_profile(name)
     exchanged = 0
     for bandwidth in (1.25e8, 1.25e9, 1.25e10):
         for p in (2, 8, 32, 128, 512):
@@ -483,7 +485,7 @@ def test_profile_round_trip_with_dense(tmp_path):
                                          "dense_2": (2048, 10)}),
                         ("vgg-b64-cpu", {"dense": (4096, 1024), "dense_1": (1024, 1024),
                                          "dense_2": (1024, 10)})):
-        layers = load_profile(name).layers
+        layers = lab_profile(name).layers
         assert {la.name: la.dense for la in layers if la.dense} == dense, name
         for la in layers:
             if la.dense:

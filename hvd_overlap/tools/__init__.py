@@ -1,2 +1,3 @@
-"""The tools around the plugin: the ``hvd-overlap`` CLI, the benchmark, the simulator and its
-profiles and calibration, timeline analysis, and the emulated networks (namespaces, hosts)."""
+"""The tools around the plugin: the ``hvd-overlap`` CLI (plan, timeline, profile, simulate), the
+per-layer profiles, timeline analysis and the benchmark models. The benchmark harness, emulated
+networks, calibration and results generators are the repository's ``benchmarks`` (not shipped)."""

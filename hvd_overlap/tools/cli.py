@@ -1,4 +1,6 @@
-"""``hvd-overlap``: inspect plans and Horovod timelines, and benchmark the strategies."""
+"""``hvd-overlap``: inspect plans and Horovod timelines, profile models, and predict the
+strategies' step times on a cluster. (The benchmarks are the repository's own lab,
+``python -m benchmarks``, not part of the package.)"""
 
 from __future__ import annotations
 
@@ -6,7 +8,6 @@ import click
 
 from hvd_overlap.core.plan import DEFAULT_BUCKET_BYTES
 from hvd_overlap.core.simulate import STRATEGIES as SIM_STRATEGIES
-from hvd_overlap.tools.bench.config import MODEL_NAMES, BenchConfig
 
 
 @click.group()
@@ -95,106 +96,10 @@ def timeline(timeline_file: str, limit: int, per_step: int | None, plot_path: st
                f"all; hidden behind backprop {hidden:.1f} of {comm:.1f} ms "
                f"({100 * hidden / comm if comm else 0:.0f}%)")
 
-@main.command()
-@click.option("--model", type=click.Choice(MODEL_NAMES), default="vgg", show_default=True)
-@click.option("--np", "np_", type=int, default=2, show_default=True, help="ranks (local)")
-@click.option("--batch-size", type=int, default=64, show_default=True, help="per rank")
-@click.option("--steps", type=int, default=10, show_default=True, help="timed steps per round")
-@click.option("--warmup", type=int, default=2, show_default=True, help="untimed steps per round")
-@click.option("--rounds", type=int, default=3, show_default=True,
-              help="interleaved rounds (every strategy once per round)")
-@click.option("--strategies", help="comma-separated; default: every strategy, then local; "
-                                       "add auto for strategy='auto' (it chooses before timing); "
-                                       "a sharded strategy takes options after '+': exchange, "
-                                       "gather, rows, alltoall, auto (bucket_bytes='auto'); "
-                                       "NAME#2 is a second, independent entry of a fixed "
-                                       "strategy (stock,stock#2: the bench's own noise)")
-@click.option("--net", default="plain", show_default=True,
-              help="plain loopback, or an emulated link rate such as 1gbit, 500mbit (root)")
-@click.option("--net-model", type=click.Choice(["hosts", "loopback"]), default="hosts",
-              show_default=True, help="emulated network: one namespace per rank on a switch, "
-              "full-duplex links (hosts), or every rank on one shaped loopback (loopback)")
-@click.option("--no-pin", is_flag=True, help="do not pin each rank to its own core(s)")
-@click.option("--tiny", is_flag=True, help="widths / 16 (smoke tests)")
-@click.option("--one-per-launch", is_flag=True,
-              help="every strategy in a launch (process) of its own, as stock's, instead of "
-                   "the plugin's strategies sharing one launch per round")
-@click.option("--history", type=int, default=0, show_default=True,
-              help="untimed steps every strategy trains (fits of 10) before its timed ones, as "
-                   "auto does while it chooses: every strategy timed at the same process age")
-@click.option("--timeout", type=float, default=1800, show_default=True,
-              help="seconds before the launch is stopped")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="write numbers here")
-@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="bar chart (.png)")
-def bench(model: str, np_: int, batch_size: int, steps: int, warmup: int, rounds: int,
-          strategies: str | None, net: str, net_model: str, no_pin: bool, tiny: bool,
-          one_per_launch: bool, history: int, timeout: float, json_path: str | None,
-          plot_path: str | None) -> None:
-    """Measure every strategy against real stock Horovod (`stock`, in processes that never
-    import the plugin) and the compute-only bound (`local`), interleaved."""
-    from hvd_overlap.tools.bench import launch, report
-
-    fields = {"strategies": tuple(s.strip() for s in strategies.split(",") if s.strip())
-              } if strategies is not None else {}
-    try:
-        cfg = BenchConfig(model=model, np=np_, batch_size=batch_size, steps=steps,
-                          warmup=warmup, rounds=rounds, net=net, net_model=net_model,
-                          pin=not no_pin, tiny=tiny, one_per_launch=one_per_launch,
-                          history=history, timeout=timeout, **fields).validate()
-    except ValueError as e:
-        raise click.UsageError(str(e)) from None
-    click.echo(f"bench: {', '.join(cfg.strategies)} on {cfg.model}, {cfg.np} ranks, "
-               f"net {cfg.net}{'' if cfg.net == 'plain' else f' ({cfg.net_model})'} ...",
-               err=True)
-    try:
-        raw = launch.run_bench(cfg, lambda line: click.echo(f"  {line}", err=True))
-    except (launch.BenchError, RuntimeError, ValueError) as e:
-        raise click.ClickException(str(e)) from None
-    if raw is None:
-        return  # a rank other than 0 (already under horovodrun)
-    summary = report.summarize(raw)
-    click.echo(report.headline(raw))
-    click.echo(report.format_table(summary))
-    for pick in raw.get("auto_choices", []):
-        click.echo(f"auto, round {pick['round'] + 1}: chose {pick['choice']} after "
-                   f"{pick['steps']} untimed steps ({pick['seconds']:.1f} s); measured "
-                   + ", ".join(f"{k} {v:.1f} ms" for k, v in pick["measured_ms"].items())
-                   + "".join(f"; again: {k} {v:.1f} ms"
-                             for k, v in pick.get("confirmed_ms", {}).items()))
-    if json_path:
-        report.write_json(json_path, raw, summary)
-    if plot_path:
-        report.plot(plot_path, {f"{model}, net {net}, {batch_size}/rank": summary})
 
 
-@main.command(context_settings={"ignore_unknown_options": True})
-@click.option("--np", "np_", type=int, default=2, show_default=True, help="emulated hosts")
-@click.option("--net", default="1gbit", show_default=True,
-              help="link rate of every host (tc syntax), or plain (unshaped)")
-@click.option("--no-pin", is_flag=True, help="do not pin rank k to core k mod cores")
-@click.option("--timeout", type=float, default=3600, show_default=True,
-              help="seconds before every rank is stopped")
-@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
-def hostrun(np_: int, net: str, no_pin: bool, timeout: float, command: tuple[str, ...]) -> None:
-    """Run COMMAND as a Horovod Gloo job on NP emulated hosts (root): one network namespace per
-    rank with its own address and host name, on a switch, each link shaped to NET in both
-    directions; ranks started through Horovod's rendezvous as horovodrun starts them.
 
-    hvd-overlap hostrun --np 2 --net 1gbit -- python train.py
-    """
-    from hvd_overlap.tools.hostrun import run_on_hosts
-    from hvd_overlap.tools.netns import NetnsError, emulated_hosts, parse_net
 
-    try:
-        rate = parse_net(net)
-        with emulated_hosts(np_, rate) as hosts:
-            code = run_on_hosts(list(command), hosts, timeout=timeout, pin=not no_pin,
-                                on_line=lambda line: click.echo(line, nl=False))
-    except (NetnsError, ValueError) as e:
-        raise click.ClickException(str(e)) from None
-    if code:
-        raise click.ClickException(f"a rank exited with code {code}" if code > 0 else
-                                   f"stopped after --timeout {timeout:.0f} s")
 
 
 def _load_model(spec: str, image_size: int):
@@ -268,16 +173,16 @@ def profile(model_spec: str, batch_size: int, device_tflops: float | None, image
 @click.option("--latency", default="10us", show_default=True, help="per ring hop")
 @click.option("--strategies", default=",".join(SIM_STRATEGIES + ("auto",)), show_default=True,
               help="'auto': the fastest predicted whole-state plan; 'auto_sharded': the "
-                   "fastest sharded one (hvd-overlap auto-grid); 'sharded+exchange', "
+                   "fastest sharded one (bucket_bytes='auto'); 'sharded+exchange', "
                    "'sharded_hybrid+exchange': with exchange='auto' (the dense factor "
                    "exchange; each dense layer's choice is listed)")
 @click.option("--cycle-ms", type=float, default=1.0, show_default=True,
               help="HOROVOD_CYCLE_TIME")
 @click.option("--negotiation-ms", type=float,
-              help="per-cycle coordination at 2 ranks [default: measured here]")
+              help="per-cycle coordination at 2 ranks [default: measured, 2 Gloo ranks]")
 @click.option("--negotiation-growth", type=click.Choice(["log2", "linear", "none"]),
               default="log2", show_default=True, help="how coordination grows with ranks")
-@click.option("--tensor-us", type=float, help="cost per tensor [default: measured here]")
+@click.option("--tensor-us", type=float, help="cost per tensor [default: measured, 2 Gloo ranks]")
 @click.option("--cpu-steal", type=float, default=0.0, show_default=True,
               help="share of compute lost while a transfer runs (0 on GPUs)")
 @click.option("--comm-slowdown", type=float, default=1.0, show_default=True,
@@ -292,11 +197,8 @@ def profile(model_spec: str, batch_size: int, device_tflops: float | None, image
               help="re-time FLOPs profiles at this rate (TFLOP/s)")
 @click.option("--published", "published", multiple=True, type=float,
               help="a published efficiency at the largest --np, one per PROFILE (plot star)")
-@click.option("--validate", is_flag=True,
-              help="the arguments are bench JSON files (`hvd-overlap bench --json`): print "
-                   "predicted vs measured step times instead")
 @click.option("--markdown", "md_path", type=click.Path(dir_okay=False),
-              help="also write a markdown table here (validation, or efficiency per ranks)")
+              help="also write a markdown table here (efficiency per ranks)")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="write results")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False),
               help="efficiency against ranks, one panel per PROFILE (.png)")
@@ -304,45 +206,25 @@ def simulate(profile_paths: tuple[str, ...], np_: str, bandwidth: str, latency: 
              strategies: str, cycle_ms: float, negotiation_ms: float | None,
              negotiation_growth: str, tensor_us: float | None, cpu_steal: float,
              comm_slowdown: float, fusion_mb: float, bucket_mb: float, defer: int | None,
-             device_tflops: float | None, published: tuple[float, ...], validate: bool,
+             device_tflops: float | None, published: tuple[float, ...],
              md_path: str | None, json_path: str | None, plot_path: str | None) -> None:
     """Predict the step time of each strategy on a cluster from PROFILEs (files from
-    `hvd-overlap profile`, or shipped ones: resnet50, resnet101, vgg16, ...).
-
-    With --validate, compare with benchmark runs instead:
-    `hvd-overlap simulate --validate docs/bench_*.json`.
-    """
+    `hvd-overlap profile`, or shipped ones: resnet50, resnet101, vgg16)."""
     import json
     from dataclasses import replace
     from pathlib import Path
 
     from hvd_overlap.core import autoplan
     from hvd_overlap.core import simulate as sim
-    from hvd_overlap.tools import scaling
+    from hvd_overlap.tools import simulate_report as report
 
-    if validate:
-        if not profile_paths:
-            raise click.UsageError("--validate: give bench JSON files (hvd-overlap bench --json)")
-        try:
-            table, checks = scaling.validation_markdown(profile_paths)
-        except (ValueError, FileNotFoundError, KeyError) as e:
-            raise click.ClickException(f"cannot validate: {e}") from None
-        click.echo(table)
-        if md_path:
-            Path(md_path).write_text(table)
-        if json_path:
-            Path(json_path).write_text(json.dumps([{**c.__dict__, "error": c.error}
-                                                   for c in checks], indent=1))
-        if plot_path:
-            scaling.plot_validation(plot_path, checks)
-        return
     if not profile_paths:
-        raise click.UsageError(f"give a PROFILE (shipped: {', '.join(sim.shipped_profiles())}) "
-                               "or --validate BENCH.json")
+        raise click.UsageError(f"give a PROFILE (shipped: {', '.join(sim.shipped_profiles())}"
+                               ", or a file from hvd-overlap profile)")
     if published and len(published) != len(profile_paths):
         raise click.UsageError("--published: one value per PROFILE")
     try:
-        cluster = scaling.cluster_from_options(
+        cluster = report.cluster_from_options(
             2, bandwidth, latency, cycle_s=cycle_ms * 1e-3,
             negotiation_s=None if negotiation_ms is None else negotiation_ms * 1e-3,
             negotiation_growth=negotiation_growth,
@@ -355,7 +237,7 @@ def simulate(profile_paths: tuple[str, ...], np_: str, bandwidth: str, latency: 
         if unknown or not names:
             raise ValueError(f"--strategies {','.join(unknown) or '(empty)'}: choose from "
                              f"{', '.join(sim.STRATEGIES + tuple(autos))}")
-        ranks = scaling.parse_ranks(np_)
+        ranks = report.parse_ranks(np_)
         runs, choices, exchanges = {}, {}, {}
         for path in profile_paths:
             prof = sim.load_profile(path)
@@ -387,17 +269,17 @@ def simulate(profile_paths: tuple[str, ...], np_: str, bandwidth: str, latency: 
         click.echo(f"\n{prof.model}: batch {prof.batch_size}/rank, "
                    f"{prof.grad_bytes / 2**20:.1f} MiB of gradients, compute "
                    f"{prof.compute_s * 1e3:.1f} ms/step")
-        click.echo(scaling.format_results(results))
+        click.echo(report.format_results(results))
         for name, c in choices.get(path, []):
             click.echo(f"{name} at {c.result.ranks} ranks: {c.reason()}")
         if exchanges[path]:
             click.echo("\ndense factor exchange (exchange='auto'), per dense layer: MiB one "
                        "rank sends per step")
-            click.echo(scaling.format_exchange(exchanges[path]))
+            click.echo(report.format_exchange(exchanges[path]))
     titles = {p: f"{prof.model} (b{prof.batch_size}), {bandwidth}"
               for p, (prof, _) in runs.items()}
     if md_path:
-        Path(md_path).write_text(scaling.efficiency_markdown(
+        Path(md_path).write_text(report.efficiency_markdown(
             {titles[p]: res for p, (_, res) in runs.items()}))
     if json_path:
         Path(json_path).write_text(json.dumps(
@@ -409,88 +291,11 @@ def simulate(profile_paths: tuple[str, ...], np_: str, bandwidth: str, latency: 
                               "speedup_vs_stock": c.speedup} for name, c in choices.get(p, [])]}
                 for p, (prof, results) in runs.items()}}, indent=1))
     if plot_path:
-        scaling.plot_scaling(plot_path, {titles[p]: res for p, (_, res) in runs.items()},
+        report.plot_scaling(plot_path, {titles[p]: res for p, (_, res) in runs.items()},
                              dict(zip(titles.values(), published, strict=False)))
 
 
-@main.command("auto-grid")
-@click.argument("profile_paths", nargs=-1)
-@click.option("--np", "np_", default="2-512", show_default=True, help="rank counts")
-@click.option("--bandwidth", "bandwidths", default="1gbit,10gbit,25gbit,100gbit",
-              show_default=True, help="per-rank link rates, comma-separated")
-@click.option("--latency", "latencies", default="2us,10us,50us", show_default=True,
-              help="per-hop latencies, comma-separated")
-@click.option("--family", type=click.Choice(["whole", "sharded"]), default="whole",
-              show_default=True, help="whole: strategy='auto'; sharded: strategy='sharded' "
-                                      "with bucket_bytes='auto'")
-@click.option("--markdown", "md_path", type=click.Path(dir_okay=False),
-              help="also write the summary table here")
-def auto_grid(profile_paths: tuple[str, ...], np_: str, bandwidths: str, latencies: str,
-              family: str, md_path: str | None) -> None:
-    """What strategy="auto" would choose over a grid of clusters, and its predicted speedup
-    over stock Horovod (default PROFILEs: vgg16, resnet50, resnet101)."""
-    from pathlib import Path
-
-    from hvd_overlap.core import autoplan
-    from hvd_overlap.core import simulate as sim
-    from hvd_overlap.tools import scaling
-
-    names = profile_paths or ("vgg16", "resnet50", "resnet101")
-    try:
-        profiles = {n: sim.load_profile(n) for n in names}
-        points = autoplan.grid(
-            profiles, scaling.parse_ranks(np_), bandwidths.split(","), latencies.split(","),
-            lambda p, bw, lat: scaling.cluster_from_options(p, bw, lat), family)
-    except (ValueError, FileNotFoundError) as e:
-        raise click.UsageError(str(e)) from None
-    table = autoplan.grid_markdown(points)
-    click.echo(table)
-    if md_path:
-        Path(md_path).write_text(table)
 
 
-@main.command()
-@click.option("--net", "nets", multiple=True, default=("plain",), show_default=True,
-              help="plain, or an emulated rate such as 1gbit (root); repeat for several")
-@click.option("--net-model", type=click.Choice(["hosts", "loopback"]), default="hosts",
-              show_default=True, help="emulated network of the rates (see hvd-overlap bench)")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False), required=True)
-@click.option("--merge", is_flag=True, help="keep the networks already in the JSON file")
-@click.option("--timeout", type=float, default=600, show_default=True)
-def calibrate(nets: tuple[str, ...], net_model: str, json_path: str, merge: bool,
-              timeout: float) -> None:
-    """Measure Horovod's per-collective costs here (2 ranks, Gloo, pinned): the simulator's
-    negotiation, per-tensor cost, bandwidth per collective type and CPU steal per network.
-    Networks are keyed by their label: ``plain``, ``1gbit hosts``, ``1gbit loopback``."""
-    import json
-    from pathlib import Path
 
-    from hvd_overlap.tools import calibrate as cal
-    from hvd_overlap.tools.bench.launch import BenchError
-    from hvd_overlap.tools.scaling import OVERHEADS_FORMAT, net_key
 
-    old = json.loads(Path(json_path).read_text()) if merge and Path(json_path).exists() else {}
-    out: dict[str, dict] = dict(old.get("nets", {}))
-    commands = [old["command"]] if old.get("command") else []
-    for net in nets:
-        key = net_key(net, net_model)
-        try:
-            out[key] = cal.calibrate(net, timeout, net_model)
-        except (BenchError, RuntimeError, ValueError) as e:
-            raise click.ClickException(str(e)) from None
-        f = out[key]["fit"]
-        phases = ", ".join(f"{k.split('_bandwidth')[0]} {f[k] / 1e6:.0f} MB/s" for k in
-                           ("reduce_scatter_bandwidth", "allgather_bandwidth",
-                            "alltoall_gather_bandwidth") if k in f)
-        click.echo(f"{key}: overhead {f['overhead_s'] * 1e3:.3f} ms, cycle period "
-                   f"{f['cycle_period_s'] * 1e3:.3f} ms, bandwidth {f['bandwidth'] / 1e6:.0f} "
-                   f"MB/s, {f['tensor_s'] * 1e6:.0f} us/tensor, cpu steal "
-                   f"{f['cpu_steal']:.2f}, comm slowdown {f['comm_slowdown']:.2f}; {phases}")
-    commands.append(f"hvd-overlap calibrate --net-model {net_model} "
-                    + " ".join(f"--net {n}" for n in nets) + f" --json {json_path}"
-                    + (" --merge" if merge else ""))
-    Path(json_path).write_text(json.dumps({
-        "format": OVERHEADS_FORMAT, "what": "2 ranks, Horovod over Gloo, pinned; see "
-        "hvd_overlap/calibrate.py", "command": "; ".join(commands), "nets": out,
-        **({"cluster_defaults": old["cluster_defaults"]} if "cluster_defaults" in old else {})},
-        indent=1))

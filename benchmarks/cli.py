@@ -1,0 +1,270 @@
+"""``python -m benchmarks``: this repository's experiments -- the benchmark, emulated hosts,
+the calibration, the simulator's validation and the docs tables made from bench runs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from benchmarks.config import MODEL_NAMES, BenchConfig
+
+
+def _runs(paths: tuple[str, ...]) -> list[dict]:
+    """The bench JSON files (``python -m benchmarks bench --json``), in order."""
+    return [json.loads(Path(p).read_text()) for p in paths]
+
+
+@click.group()
+def main() -> None:
+    """The lab of hvd-overlap: benchmarks, emulated networks, calibration, docs tables.
+    Run from the repository root (``benchmarks`` is not part of the wheel)."""
+
+
+@main.command()
+@click.option("--model", type=click.Choice(MODEL_NAMES), default="vgg", show_default=True)
+@click.option("--np", "np_", type=int, default=2, show_default=True, help="ranks (local)")
+@click.option("--batch-size", type=int, default=64, show_default=True, help="per rank")
+@click.option("--steps", type=int, default=10, show_default=True, help="timed steps per round")
+@click.option("--warmup", type=int, default=2, show_default=True, help="untimed steps per round")
+@click.option("--rounds", type=int, default=3, show_default=True,
+              help="interleaved rounds (every strategy once per round)")
+@click.option("--strategies", help="comma-separated; default: every strategy, then local; "
+                                       "add auto for strategy='auto' (it chooses before timing); "
+                                       "a sharded strategy takes options after '+': exchange, "
+                                       "gather, rows, alltoall, auto (bucket_bytes='auto'); "
+                                       "NAME#2 is a second, independent entry of a fixed "
+                                       "strategy (stock,stock#2: the bench's own noise)")
+@click.option("--net", default="plain", show_default=True,
+              help="plain loopback, or an emulated link rate such as 1gbit, 500mbit (root)")
+@click.option("--net-model", type=click.Choice(["hosts", "loopback"]), default="hosts",
+              show_default=True, help="emulated network: one namespace per rank on a switch, "
+              "full-duplex links (hosts), or every rank on one shaped loopback (loopback)")
+@click.option("--no-pin", is_flag=True, help="do not pin each rank to its own core(s)")
+@click.option("--tiny", is_flag=True, help="widths / 16 (smoke tests)")
+@click.option("--one-per-launch", is_flag=True,
+              help="every strategy in a launch (process) of its own, as stock's, instead of "
+                   "the plugin's strategies sharing one launch per round")
+@click.option("--history", type=int, default=0, show_default=True,
+              help="untimed steps every strategy trains (fits of 10) before its timed ones, as "
+                   "auto does while it chooses: every strategy timed at the same process age")
+@click.option("--timeout", type=float, default=1800, show_default=True,
+              help="seconds before the launch is stopped")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="write numbers here")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="bar chart (.png)")
+def bench(model: str, np_: int, batch_size: int, steps: int, warmup: int, rounds: int,
+          strategies: str | None, net: str, net_model: str, no_pin: bool, tiny: bool,
+          one_per_launch: bool, history: int, timeout: float, json_path: str | None,
+          plot_path: str | None) -> None:
+    """Measure every strategy against real stock Horovod (`stock`, in processes that never
+    import the plugin) and the compute-only bound (`local`), interleaved."""
+    from benchmarks import launch, report
+
+    fields = {"strategies": tuple(s.strip() for s in strategies.split(",") if s.strip())
+              } if strategies is not None else {}
+    try:
+        cfg = BenchConfig(model=model, np=np_, batch_size=batch_size, steps=steps,
+                          warmup=warmup, rounds=rounds, net=net, net_model=net_model,
+                          pin=not no_pin, tiny=tiny, one_per_launch=one_per_launch,
+                          history=history, timeout=timeout, **fields).validate()
+    except ValueError as e:
+        raise click.UsageError(str(e)) from None
+    click.echo(f"bench: {', '.join(cfg.strategies)} on {cfg.model}, {cfg.np} ranks, "
+               f"net {cfg.net}{'' if cfg.net == 'plain' else f' ({cfg.net_model})'} ...",
+               err=True)
+    try:
+        raw = launch.run_bench(cfg, lambda line: click.echo(f"  {line}", err=True))
+    except (launch.BenchError, RuntimeError, ValueError) as e:
+        raise click.ClickException(str(e)) from None
+    if raw is None:
+        return  # a rank other than 0 (already under horovodrun)
+    summary = report.summarize(raw)
+    click.echo(report.headline(raw))
+    click.echo(report.format_table(summary))
+    for pick in raw.get("auto_choices", []):
+        click.echo(f"auto, round {pick['round'] + 1}: chose {pick['choice']} after "
+                   f"{pick['steps']} untimed steps ({pick['seconds']:.1f} s); measured "
+                   + ", ".join(f"{k} {v:.1f} ms" for k, v in pick["measured_ms"].items())
+                   + "".join(f"; again: {k} {v:.1f} ms"
+                             for k, v in pick.get("confirmed_ms", {}).items()))
+    if json_path:
+        report.write_json(json_path, raw, summary)
+    if plot_path:
+        report.plot(plot_path, {f"{model}, net {net}, {batch_size}/rank": summary})
+
+
+@main.command(context_settings={"ignore_unknown_options": True})
+@click.option("--np", "np_", type=int, default=2, show_default=True, help="emulated hosts")
+@click.option("--net", default="1gbit", show_default=True,
+              help="link rate of every host (tc syntax), or plain (unshaped)")
+@click.option("--no-pin", is_flag=True, help="do not pin rank k to core k mod cores")
+@click.option("--timeout", type=float, default=3600, show_default=True,
+              help="seconds before every rank is stopped")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+def hostrun(np_: int, net: str, no_pin: bool, timeout: float, command: tuple[str, ...]) -> None:
+    """Run COMMAND as a Horovod Gloo job on NP emulated hosts (root): one network namespace per
+    rank with its own address and host name, on a switch, each link shaped to NET in both
+    directions; ranks started through Horovod's rendezvous as horovodrun starts them.
+
+    python -m benchmarks hostrun --np 2 --net 1gbit -- python train.py
+    """
+    from benchmarks.hostrun import run_on_hosts
+    from benchmarks.netns import NetnsError, emulated_hosts, parse_net
+
+    try:
+        rate = parse_net(net)
+        with emulated_hosts(np_, rate) as hosts:
+            code = run_on_hosts(list(command), hosts, timeout=timeout, pin=not no_pin,
+                                on_line=lambda line: click.echo(line, nl=False))
+    except (NetnsError, ValueError) as e:
+        raise click.ClickException(str(e)) from None
+    if code:
+        raise click.ClickException(f"a rank exited with code {code}" if code > 0 else
+                                   f"stopped after --timeout {timeout:.0f} s")
+
+
+@main.command()
+@click.option("--net", "nets", multiple=True, default=("plain",), show_default=True,
+              help="plain, or an emulated rate such as 1gbit (root); repeat for several")
+@click.option("--net-model", type=click.Choice(["hosts", "loopback"]), default="hosts",
+              show_default=True, help="emulated network of the rates (see bench)")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), required=True)
+@click.option("--merge", is_flag=True, help="keep the networks already in the JSON file")
+@click.option("--timeout", type=float, default=600, show_default=True)
+def calibrate(nets: tuple[str, ...], net_model: str, json_path: str, merge: bool,
+              timeout: float) -> None:
+    """Measure Horovod's per-collective costs here (2 ranks, Gloo, pinned): the simulator's
+    negotiation, per-tensor cost, bandwidth per collective type and CPU steal per network.
+    Networks are keyed by their label: ``plain``, ``1gbit hosts``, ``1gbit loopback``."""
+    from benchmarks import calibrate as cal
+    from benchmarks.launch import BenchError
+    from benchmarks.validation import OVERHEADS_FORMAT, net_key
+
+    old = json.loads(Path(json_path).read_text()) if merge and Path(json_path).exists() else {}
+    out: dict[str, dict] = dict(old.get("nets", {}))
+    commands = [old["command"]] if old.get("command") else []
+    for net in nets:
+        key = net_key(net, net_model)
+        try:
+            out[key] = cal.calibrate(net, timeout, net_model)
+        except (BenchError, RuntimeError, ValueError) as e:
+            raise click.ClickException(str(e)) from None
+        f = out[key]["fit"]
+        phases = ", ".join(f"{k.split('_bandwidth')[0]} {f[k] / 1e6:.0f} MB/s" for k in
+                           ("reduce_scatter_bandwidth", "allgather_bandwidth",
+                            "alltoall_gather_bandwidth") if k in f)
+        click.echo(f"{key}: overhead {f['overhead_s'] * 1e3:.3f} ms, cycle period "
+                   f"{f['cycle_period_s'] * 1e3:.3f} ms, bandwidth {f['bandwidth'] / 1e6:.0f} "
+                   f"MB/s, {f['tensor_s'] * 1e6:.0f} us/tensor, cpu steal "
+                   f"{f['cpu_steal']:.2f}, comm slowdown {f['comm_slowdown']:.2f}; {phases}")
+    commands.append(f"python -m benchmarks calibrate --net-model {net_model} "
+                    + " ".join(f"--net {n}" for n in nets) + f" --json {json_path}"
+                    + (" --merge" if merge else ""))
+    Path(json_path).write_text(json.dumps({
+        "format": OVERHEADS_FORMAT, "what": "2 ranks, Horovod over Gloo, pinned; see "
+        "benchmarks/calibrate.py", "command": "; ".join(commands), "nets": out,
+        **({"cluster_defaults": old["cluster_defaults"]} if "cluster_defaults" in old else {})},
+        indent=1))
+
+
+@main.command("auto-grid")
+@click.argument("profile_paths", nargs=-1)
+@click.option("--np", "np_", default="2-512", show_default=True, help="rank counts")
+@click.option("--bandwidth", "bandwidths", default="1gbit,10gbit,25gbit,100gbit",
+              show_default=True, help="per-rank link rates, comma-separated")
+@click.option("--latency", "latencies", default="2us,10us,50us", show_default=True,
+              help="per-hop latencies, comma-separated")
+@click.option("--family", type=click.Choice(["whole", "sharded"]), default="whole",
+              show_default=True, help="whole: strategy='auto'; sharded: strategy='sharded' "
+                                      "with bucket_bytes='auto'")
+@click.option("--markdown", "md_path", type=click.Path(dir_okay=False),
+              help="also write the summary table here")
+def auto_grid(profile_paths: tuple[str, ...], np_: str, bandwidths: str, latencies: str,
+              family: str, md_path: str | None) -> None:
+    """What strategy="auto" would choose over a grid of clusters, and its predicted speedup
+    over stock Horovod (default PROFILEs: vgg16, resnet50, resnet101)."""
+    from benchmarks.validation import lab_profile
+    from hvd_overlap.core import autoplan
+    from hvd_overlap.tools.simulate_report import cluster_from_options, parse_ranks
+
+    names = profile_paths or ("vgg16", "resnet50", "resnet101")
+    try:
+        profiles = {n: lab_profile(n) for n in names}
+        points = autoplan.grid(
+            profiles, parse_ranks(np_), bandwidths.split(","), latencies.split(","),
+            lambda p, bw, lat: cluster_from_options(p, bw, lat), family)
+    except (ValueError, FileNotFoundError) as e:
+        raise click.UsageError(str(e)) from None
+    table = autoplan.grid_markdown(points)
+    click.echo(table)
+    if md_path:
+        Path(md_path).write_text(table)
+
+
+@main.command()
+@click.argument("bench_paths", metavar="BENCH.json...", nargs=-1, required=True,
+                type=click.Path(exists=True, dir_okay=False))
+@click.option("--markdown", "md_path", type=click.Path(dir_okay=False),
+              help="also write the table here")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="write the checks")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False),
+              help="measured against predicted step times (.png)")
+def validate(bench_paths: tuple[str, ...], md_path: str | None, json_path: str | None,
+             plot_path: str | None) -> None:
+    """The simulator's predicted step times against bench runs (``bench --json`` files), with
+    this machine's calibration and the bench models' measured profiles:
+    ``python -m benchmarks validate docs/bench_*.json``."""
+    from benchmarks import validation
+
+    try:
+        table, checks = validation.validation_markdown(bench_paths)
+    except (ValueError, FileNotFoundError, KeyError) as e:
+        raise click.ClickException(f"cannot validate: {e}") from None
+    click.echo(table)
+    if md_path:
+        Path(md_path).write_text(table)
+    if json_path:
+        Path(json_path).write_text(json.dumps([{**c.__dict__, "error": c.error}
+                                               for c in checks], indent=1))
+    if plot_path:
+        validation.plot_validation(plot_path, checks)
+
+
+_RUNS = click.argument("run_paths", metavar="RUN.json...", nargs=-1, required=True,
+                       type=click.Path(exists=True, dir_okay=False))
+
+
+@main.command("bench-results")
+@click.argument("md_path", metavar="OUT.md", type=click.Path(dir_okay=False))
+@click.argument("png_path", metavar="OUT.png", type=click.Path(dir_okay=False))
+@_RUNS
+def bench_results(md_path: str, png_path: str, run_paths: tuple[str, ...]) -> None:
+    """The docs table (OUT.md) and bar chart (OUT.png) over bench runs
+    (``scripts/bench-results``); each run's ``command`` is quoted."""
+    from benchmarks import report, results
+
+    runs = _runs(run_paths)
+    Path(md_path).write_text(results.markdown(runs))
+    report.plot(png_path, {results.label(r["raw"]): r["strategies"] for r in runs})
+
+
+@main.command("exchange-results")
+@click.argument("md_path", metavar="OUT.md", type=click.Path(dir_okay=False))
+@_RUNS
+def exchange_results(md_path: str, run_paths: tuple[str, ...]) -> None:
+    """The dense factor exchange's docs table over bench runs (``scripts/exchange-bench``)."""
+    from benchmarks import exchange_results as tables
+
+    Path(md_path).write_text(tables.markdown(_runs(run_paths)))
+
+
+@main.command("auto-results")
+@click.argument("md_path", metavar="OUT.md", type=click.Path(dir_okay=False))
+@_RUNS
+def auto_results(md_path: str, run_paths: tuple[str, ...]) -> None:
+    """The measured grid of strategy="auto" over bench runs with auto among their strategies
+    (``scripts/auto-bench``), with bootstrap intervals of its ratios."""
+    from benchmarks import auto_results as tables
+
+    Path(md_path).write_text(tables.markdown(_runs(run_paths)))

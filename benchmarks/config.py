@@ -16,12 +16,6 @@ CLEAN = (STOCK, LOCAL)
 MODEL_NAMES = ("vgg", "resnet20", "mlp", "cnn")
 #: ``strategy="auto"``: measured when asked for (``--strategies ...,auto``), not by default
 AUTO = "auto"
-#: Options a sharded strategy's name can carry in ``--strategies``: ``sharded+exchange`` is
-#: ``strategy="sharded", exchange="auto"``; ``+alltoall``: ``gather_with="alltoall"``;
-#: ``+auto``: ``bucket_bytes="auto"`` (settled untimed before timing, as ``auto``).
-SHARDED_OPTIONS = {"exchange": {"exchange": "auto"}, "alltoall": {"gather_with": "alltoall"},
-                   "gather": {"exchange_forward": "gather"}, "rows": {"exchange_forward": "rows"},
-                   "auto": {"bucket_bytes": AUTO}}
 #: ``NAME#K`` in ``--strategies`` (K >= 2): another, independent entry of the fixed strategy
 #: NAME, launched and timed as NAME is -- ``stock,stock#2`` measures the bench's own noise (an
 #: A/A control: the same code in two entries, so any ratio between them is the machine's).
@@ -33,19 +27,22 @@ def base_name(name: str) -> str:
     return name.split(REPLICA, 1)[0]
 
 
-def plugin_options(name: str) -> tuple[str, dict[str, str]]:
-    """A bench strategy name as ``DistributedOptimizer``'s strategy and extra keywords
-    (``sharded+exchange+alltoall``: ``"sharded"``, ``exchange="auto"``,
-    ``gather_with="alltoall"``; a replica's ``#K`` dropped). Raises ValueError for an unknown
-    option."""
-    base, *opts = base_name(name).split("+")
-    extra: dict[str, str] = {}
-    for o in opts:
-        if o not in SHARDED_OPTIONS or not base.startswith("sharded"):
-            raise ValueError(f"--strategies {name}: options after '+' are "
-                             f"{', '.join(SHARDED_OPTIONS)}, for the sharded strategies only")
-        extra.update(SHARDED_OPTIONS[o])
-    return base, extra
+def plugin_options(name: str) -> tuple[str, dict[str, object]]:
+    """A bench strategy name as ``DistributedOptimizer``'s strategy and extra keywords, read by
+    the plugin's one strategy parser (``hvd_overlap.core.choice.parse``:
+    ``sharded+exchange+alltoall`` -> ``"sharded"``, ``exchange="auto"``,
+    ``gather_with="alltoall"``; a replica's ``#K`` dropped; ``stock``/``local`` as they are).
+    Raises ValueError for an unknown strategy or option, or one the strategy has no use for."""
+    from hvd_overlap.core.choice import parse
+
+    base = base_name(name)
+    if base in CLEAN:
+        return base, {}
+    try:
+        chosen = parse(base)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"--strategies {name}: {e}") from None
+    return chosen.name, chosen.keywords()
 
 
 def is_clean_group(strategies: Iterable[str]) -> bool:
@@ -118,7 +115,7 @@ class BenchConfig:
         unknown = [s for s in self.strategies if plugin_options(s)[0] not in known]
         if unknown or not self.strategies:
             raise ValueError(f"--strategies {','.join(unknown) or '(empty)'}: choose from "
-                             f"{', '.join(known)} (sharded ones with +exchange, +alltoall)")
+                             f"{', '.join(known)} (with +OPTIONs: hvd_overlap.core.choice)")
         if len(set(self.strategies)) != len(self.strategies):
             raise ValueError("--strategies: a strategy is named twice (a second entry of "
                              "the same strategy is NAME#2)")

@@ -163,12 +163,16 @@ def test_wire_bytes_from_a_timeline(tmp_path):
                    "ALLGATHER": 2000 / 3}
 
 
-def test_bench_spelling_of_sharded_options():
+def test_the_bench_spells_strategies_as_the_plugin_does():
     assert plugin_options("sharded+exchange") == ("sharded", {"exchange": "auto"})
     assert plugin_options("sharded_hybrid+exchange+alltoall") == (
         "sharded_hybrid", {"exchange": "auto", "gather_with": "alltoall"})
     assert plugin_options("layerwise") == ("layerwise", {})
     assert plugin_options("sharded+auto") == ("sharded", {"bucket_bytes": "auto"})
-    with pytest.raises(ValueError, match="sharded strategies only"):
+    assert plugin_options("hybrid+defer=2+bucket=8K#2") == (
+        "hybrid", {"defer": 2, "bucket_bytes": 8192})
+    with pytest.raises(ValueError, match="layerwise.*no setting 'exchange'.*sharded"):
         BenchConfig(strategies=("layerwise+exchange",)).validate()
+    with pytest.raises(ValueError, match="unknown option 'turbo'"):
+        BenchConfig(strategies=("sharded+turbo",)).validate()
     BenchConfig(strategies=("stock", "sharded+exchange", "local")).validate()

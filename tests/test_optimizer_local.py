@@ -283,6 +283,9 @@ def test_cli_plan_shows_the_exchange_choice_per_layer(tmp_path):
     assert "on 4 ranks: exchange+allgather" in gathered.output
     assert "out/kernel:0 [2048, 10] at 32/rank x 1 call(s) on 4 ranks: reduce-scatter" in \
         result.output
+    spelled = CliRunner().invoke(main, ["plan", path, "--strategy", "sharded+exchange+gather",
+                                        "--np", "4", "--batch-size", "32"])
+    assert spelled.output == gathered.output  # the one spelling, as the optimizer reads it
     bad = CliRunner().invoke(main, ["plan", path, "--exchange", "auto"])
     assert bad.exit_code != 0 and "sharded" in bad.output
 

@@ -92,6 +92,22 @@ class Strategy:
             exchange_forward=exchange.forward if exchange else AUTO,
             ranks=ranks)
 
+    def keywords(self) -> dict[str, object]:
+        """The ``DistributedOptimizer`` keywords besides ``strategy=self.name`` that make this
+        strategy (its settings that differ from their defaults)."""
+        out: dict[str, object] = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if value == f.default:
+                continue
+            if isinstance(value, Exchange):
+                out["exchange"] = value.layers
+                if value.forward != AUTO:
+                    out["exchange_forward"] = value.forward
+            else:
+                out[f.name] = value
+        return out
+
     def spec(self) -> str:
         """This strategy in the one string spelling (:func:`parse` reads it back)."""
         return "+".join([self.name, *self._options()])

@@ -18,43 +18,51 @@ def main() -> None:
 
 @main.command()
 @click.argument("model_file", type=click.Path(exists=True, dir_okay=False))
-@click.option("--strategy", default="layerwise", show_default=True)
-@click.option("--bucket-bytes", type=int, default=DEFAULT_BUCKET_BYTES, show_default=True)
+@click.option("--strategy", default="layerwise", show_default=True,
+              help="a strategy in the plugin's spelling: NAME[+OPTION...], e.g. "
+                   "sharded+exchange+rows, hybrid+defer=2+bucket=8M")
+@click.option("--bucket-bytes", type=int, default=None,
+              help=f"the bucket budget (default {DEFAULT_BUCKET_BYTES}; or +bucket=N)")
 @click.option("--exchange", type=click.Choice(["never", "auto", "always"]), default="never",
-              show_default=True, help="sharded: the dense factor exchange")
+              show_default=True, help="sharded: the dense factor exchange (or +exchange)")
 @click.option("--exchange-forward", type=click.Choice(["auto", "gather", "rows"]),
               default="auto", show_default=True,
-              help="with --exchange: the exchanged kernels' forward")
+              help="with --exchange: the exchanged kernels' forward (or +gather, +rows)")
 @click.option("--np", "ranks", type=int, default=2, show_default=True,
               help="ranks (the exchange's choice)")
 @click.option("--batch-size", type=int, default=32, show_default=True,
               help="per rank (the exchange's choice; each dense layer taken as called once)")
-def plan(model_file: str, strategy: str, bucket_bytes: int, exchange: str,
+def plan(model_file: str, strategy: str, bucket_bytes: int | None, exchange: str,
          exchange_forward: str, ranks: int, batch_size: int) -> None:
     """Print the communication plan of a saved Keras model (.keras or .h5)."""
     import tensorflow as tf
 
     from hvd_overlap.comm.planner import var_specs
+    from hvd_overlap.core.choice import resolve
     from hvd_overlap.core.exchange import NEVER, DenseShape, label_exchange
-    from hvd_overlap.core.strategies import PlanOptions, get_strategy
+    from hvd_overlap.core.strategies import get_strategy
 
-    if exchange != NEVER and not get_strategy(strategy).shards:
-        raise click.UsageError("--exchange is part of the sharded strategies (--strategy sharded "
-                               "or sharded_hybrid)")
+    try:
+        chosen = resolve(strategy, bucket_bytes=bucket_bytes or DEFAULT_BUCKET_BYTES,
+                         exchange=exchange, exchange_forward=exchange_forward)
+    except (TypeError, ValueError) as e:
+        raise click.UsageError(str(e)) from None
+    if chosen.tuned:
+        raise click.UsageError(f"{chosen.spec()}: 'auto' settings are chosen while training; "
+                               "name the plan to print (e.g. --strategy hybrid+bucket=8M)")
+    options = chosen.plan_options(ranks)
     model = tf.keras.models.load_model(model_file, compile=False)
     kernels: frozenset = frozenset()
-    if exchange != NEVER:
+    if options.exchange != NEVER:
         from hvd_overlap.keras.exchange import exchangeable_layers
 
         kernels = frozenset(layer.kernel.ref() for layer in exchangeable_layers(model))
     specs = var_specs(model.trainable_variables, exchangeable=kernels)
-    built = get_strategy(strategy).build_plan(
-        specs, PlanOptions(bucket_bytes, exchange=exchange, exchange_forward=exchange_forward,
-                           ranks=ranks))
-    if exchange != NEVER:
+    built = get_strategy(chosen.name).build_plan(specs, options)
+    if options.exchange != NEVER:
         built = label_exchange(built, {s.index: DenseShape(*s.shape, batch=batch_size)
-                                       for s in specs if s.exchangeable}, exchange, ranks,
-                               exchange_forward)
+                                       for s in specs if s.exchangeable}, options.exchange,
+                               ranks, options.exchange_forward)
     click.echo(built.describe())
 
 

@@ -42,7 +42,7 @@ class Cluster:
     comm_slowdown: float = 1.0
     fusion_bytes: int = FUSION_BYTES
     bucket_bytes: int = DEFAULT_BUCKET_BYTES
-    #: measured per collective type (``hvd-overlap calibrate``; the alltoall's from its
+    #: measured per collective type (``python -m benchmarks calibrate``; the alltoall's from its
     #: all-gather done as an alltoall); None: the link's ``bandwidth`` (ring model)
     reduce_scatter_bandwidth: float | None = None
     allgather_bandwidth: float | None = None

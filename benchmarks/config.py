@@ -6,6 +6,8 @@ import json
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 
+from hvd_overlap.core.choice import Auto
+
 #: The baseline: real ``horovod.tensorflow.keras.DistributedOptimizer``, run in processes that
 #: never import the plugin's runtime.
 STOCK = "stock"
@@ -15,7 +17,7 @@ LOCAL = "local"
 CLEAN = (STOCK, LOCAL)
 MODEL_NAMES = ("vgg", "resnet20", "mlp", "cnn")
 #: ``strategy="auto"``: measured when asked for (``--strategies ...,auto``), not by default
-AUTO = "auto"
+AUTO = Auto.name
 #: ``NAME#K`` in ``--strategies`` (K >= 2): another, independent entry of the fixed strategy
 #: NAME, launched and timed as NAME is -- ``stock,stock#2`` measures the bench's own noise (an
 #: A/A control: the same code in two entries, so any ratio between them is the machine's).

@@ -30,13 +30,16 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from hvd_overlap.core.sim.cluster import parse_rate
+
 PLAIN = "plain"
 HOSTS = "hosts"  # network model: one namespace per rank, full-duplex shaped links
 LOOPBACK = "loopback"  # network model: every rank on one shaped loopback
 NET_MODELS = (HOSTS, LOOPBACK)
 SUBNET = "10.77.0"
 NETNS_ETC = Path("/etc/netns")
-_RATE = re.compile(r"^\d+(\.\d+)?(kbit|mbit|gbit)$")
+#: tc's spelling of a rate (its value is read by the one rate parser, ``parse_rate``)
+_TC_RATE = re.compile(r"^\d+(\.\d+)?(kbit|mbit|gbit)$")
 
 
 class NetnsError(RuntimeError):
@@ -48,7 +51,7 @@ def parse_net(net: str) -> str | None:
     net = net.strip().lower()
     if net == PLAIN:
         return None
-    if not _RATE.match(net):
+    if not _TC_RATE.match(net):
         raise ValueError(f"--net {net!r}: use 'plain' or a rate such as 500mbit, 1gbit, 10gbit")
     return net
 
@@ -134,9 +137,7 @@ def namespaces() -> list[str]:
 
 def _burst(rate: str) -> str:
     """A tbf bucket large enough for ``rate`` (at least 256 KiB, at least 1 ms of traffic)."""
-    value, unit = re.match(r"^([\d.]+)(kbit|mbit|gbit)$", rate).groups()  # type: ignore[union-attr]
-    bits = float(value) * {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}[unit]
-    return f"{max(256 * 1024, int(bits / 8 / 1000))}b"
+    return f"{max(256 * 1024, int(parse_rate(rate) / 1000))}b"
 
 
 def _shape(namespace: str, dev: str, rate: str) -> None:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 
 from hvd_overlap.core.plan import VarSpec, build_layerwise_plan, fmt_bytes, input_side_share
 from hvd_overlap.core.simulate import Cluster, Layer, Profile, StepResult, _specs, simulate
+from hvd_overlap.core.trial import MARGIN
 
 MIB = 2**20
 #: bucket byte budgets tried for the plan-based candidates
@@ -196,14 +197,11 @@ def trial_order(ranked: Sequence[tuple[Candidate, StepResult]], first: Candidate
     return out
 
 
-#: the online check keeps ``prefer`` unless another plan measured faster by more than this share
-MEASURED_MARGIN = 0.01
-
-
 def pick(measured: dict[Candidate, float], prefer: Candidate,
-         margin: float = MEASURED_MARGIN) -> Candidate:
+         margin: float = MARGIN) -> Candidate:
     """The fastest measured candidate; ``prefer`` (stock, or the user's own setting) unless
-    another is faster by more than ``margin`` (timing noise must not move the plan)."""
+    another is faster by more than ``margin`` (timing noise must not move the plan; the one
+    margin, ``core.trial.MARGIN``, that the exchange's online check uses too)."""
     best = min(measured, key=lambda c: measured[c])
     if prefer in measured and measured[best] > measured[prefer] * (1 - margin):
         return prefer

@@ -10,19 +10,18 @@ the shortest step. Pass it as ``DistributedOptimizer(..., strategy="hybrid", def
 
 from __future__ import annotations
 
-import re
 import time
 from dataclasses import dataclass
 
 from hvd_overlap.core.plan import BACKWARD, FORWARD, Plan
 from hvd_overlap.core.sim.cluster import Cluster
+from hvd_overlap.core.sim.cluster import parse_rate as parse_bandwidth
 from hvd_overlap.core.sim.events import run_step
 from hvd_overlap.core.sim.plans import StepBucket
 from hvd_overlap.core.sim.profile import Layer, Profile
 from hvd_overlap.core.sim.steps import step_of
 
 _TIE = 1e-12  # relative: simulated steps this close are the same step (rounding)
-_RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmg]?)(bit|bps)?\s*$", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -32,17 +31,6 @@ class LayerTime:
     layer: str
     forward: float
     backward: float
-
-
-def parse_bandwidth(rate: str | float) -> float:
-    """``"1gbit"``, ``"500mbit"`` or bytes/s as a number -> bytes per second."""
-    if isinstance(rate, int | float):
-        return float(rate)
-    m = _RATE.match(rate)
-    if not m:
-        raise ValueError(f"bandwidth {rate!r}: write it like '1gbit', '500mbit' or bytes/s")
-    scale = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[m.group(2).lower()]
-    return float(m.group(1)) * scale / 8
 
 
 def simulate_step(plan_bytes: list[int], bucket_layers: list[list[str]],

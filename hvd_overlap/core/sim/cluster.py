@@ -18,9 +18,26 @@ takes ``comm_slowdown`` times as long. Both are 0 / 1 on a GPU cluster.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 from hvd_overlap.core.plan import DEFAULT_BUCKET_BYTES
+
+_RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmg]?)(bit|bps)?\s*$", re.IGNORECASE)
+
+
+def parse_rate(rate: str | float) -> float:
+    """A link rate -> bytes per second: ``"1gbit"``, ``"500mbit"``, ``"10gbps"`` (tc's
+    spelling, bits per second), or bytes/s as a number. The one rate parser: the simulator,
+    ``hvd-overlap profile`` and the bench's emulated links read rates with it."""
+    if isinstance(rate, int | float):
+        return float(rate)
+    m = _RATE.match(rate)
+    if not m:
+        raise ValueError(f"bandwidth {rate!r}: write it like '1gbit', '500mbit' or bytes/s")
+    scale = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[m.group(2).lower()]
+    return float(m.group(1)) * scale / 8
+
 
 FUSION_BYTES = 128 * 1024 * 1024  # HOROVOD_FUSION_THRESHOLD default
 CYCLE_S = 1e-3                    # HOROVOD_CYCLE_TIME default in Horovod 0.28.1 (1 ms)

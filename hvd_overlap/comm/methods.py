@@ -110,8 +110,10 @@ class StockHorovod(GradientMethod):
     allreduce per gradient, fused by Horovod each cycle (``groups`` as Horovod's)."""
 
     def _fn(self):
+        from hvd_overlap.keras import _compat  # imported by hvd_overlap.keras: not at the top
+
         s = self.settings
-        return hvd._make_allreduce_grads_fn(  # the function stock Horovod uses
+        return _compat.horovod_allreduce_grads_fn(  # the function stock Horovod uses
             s.name, s.device_dense, s.device_sparse, s.compression, s.sparse_as_dense, s.op,
             s.gradient_predivide_factor, s.groups, process_set=hvd.global_process_set)
 

@@ -120,7 +120,9 @@ class GradientAccumulation:
             raise ValueError(f"accumulation steps must be >= 1, got {value}")
         if value != self._steps:
             self._steps = int(value)
-            self._model.train_function = None  # retraced by the next fit()
+            from hvd_overlap.keras import _compat  # Keras internals: one adapter
+
+            _compat.forget_train_function(self._model)  # retraced by the next fit()
 
 
 def _accumulating_train_step(self: tf.keras.Model, data: Any) -> dict[str, Any]:
@@ -171,12 +173,14 @@ def enable_gradient_accumulation(model: tf.keras.Model) -> GradientAccumulation:
     With ``handle.steps == 1`` it trains exactly as before. Variables unused by the loss keep
     a ``None`` gradient, as in Keras' own ``train_step``.
     """
+    from hvd_overlap.keras import _compat  # Keras internals: one adapter
+
     handle = getattr(model, "_hvdo_accumulation", None)
     if handle is None:
         handle = GradientAccumulation(model)
         model._hvdo_accumulation = handle
-        model.train_step = types.MethodType(_accumulating_train_step, model)
-        model.train_function = None
+        _compat.patch_method(model, "train_step", types.MethodType(_accumulating_train_step, model))
+        _compat.forget_train_function(model)
     return handle
 
 

@@ -8,6 +8,8 @@ import time
 
 import tensorflow as tf
 
+from hvd_overlap.keras import _compat
+
 __all__ = ["OverlapCallback"]
 
 
@@ -54,8 +56,6 @@ class OverlapCallback(tf.keras.callbacks.Callback):
         if opt is None or self._patched:
             return
         original = self.model.train_step
-        # a train_step set on the model itself (enable_gradient_accumulation's) comes back after
-        self._replaced = vars(self.model).get("train_step")
 
         def train_step(data):
             opt.pre_forward()
@@ -64,11 +64,13 @@ class OverlapCallback(tf.keras.callbacks.Callback):
                 opt.pre_forward()
             return out
 
-        self.model.train_step = train_step
+        # a train_step set on the model itself (enable_gradient_accumulation's) comes back after
+        self._replaced = _compat.patch_method(self.model, "train_step", train_step)
         # weights loaded during fit (a callback's set_weights/load_weights) must not have a
         # pending update land on top of them: flush first, on every rank
         for method in ("set_weights", "load_weights"):
-            setattr(self.model, method, _flushing_first(opt, getattr(self.model, method)))
+            _compat.patch_method(self.model, method,
+                                 _flushing_first(opt, getattr(self.model, method)))
         self._patched = True
         opt.attach_model(self.model)
         self._make_train_functions()
@@ -92,7 +94,7 @@ class OverlapCallback(tf.keras.callbacks.Callback):
     def on_train_batch_begin(self, batch, logs=None):
         if self._patched:
             self._landing = self._checkpoint_due(batch)
-            self.model.train_function = self._functions[self._landing]
+            _compat.set_train_function(self.model, self._functions[self._landing])
         self._started = time.perf_counter()
 
     def on_train_batch_end(self, batch, logs=None):
@@ -127,14 +129,11 @@ class OverlapCallback(tf.keras.callbacks.Callback):
     def on_train_end(self, logs=None):
         self._checkpoint_point()
         if self._patched:
-            if self._replaced is not None:
-                self.model.train_step = self._replaced
-            else:
-                del self.model.train_step  # the instance attribute; the class's method is back
+            # the train_step the model itself held, or (none) the class's method, is back
+            _compat.restore_method(self.model, "train_step", self._replaced)
             for method in ("set_weights", "load_weights"):
-                if method in vars(self.model):
-                    delattr(self.model, method)
-            self.model.train_function = None
+                _compat.restore_method(self.model, method)
+            _compat.forget_train_function(self.model)
             self._patched = False
 
 

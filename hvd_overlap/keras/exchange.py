@@ -46,6 +46,7 @@ from hvd_overlap.core.exchange import (
 from hvd_overlap.core.plan import EXCHANGE, EXCHANGE_ROWS, EXCHANGES, Plan
 from hvd_overlap.core.sharding import ShardLayout
 from hvd_overlap.core.trial import Trials
+from hvd_overlap.keras import _compat
 from hvd_overlap.keras.state_scope import plugin_state
 
 
@@ -90,7 +91,7 @@ class ExchangedDense:
         self.calls = 0  # most calls seen in one traced graph (a shared layer: more than one)
         self._plain: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._exchanged: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-        layer.call = self.call  # Keras's __call__ calls self.call
+        _compat.patch_method(layer, "call", self.call)  # Keras's __call__ calls self.call
 
     @property
     def kernel(self) -> tf.Variable | None:
@@ -129,8 +130,9 @@ class ExchangedDense:
             self._count(self._plain, graph)
             return type(layer).call(layer, inputs)
         use = self._count(self._exchanged, graph)
-        if inputs.dtype.base_dtype != layer._compute_dtype_object.base_dtype:
-            inputs = tf.cast(inputs, dtype=layer._compute_dtype_object)
+        dtype = _compat.compute_dtype_object(layer)
+        if inputs.dtype.base_dtype != dtype.base_dtype:
+            inputs = tf.cast(inputs, dtype=dtype)
         kernel, name = tf.convert_to_tensor(layer.kernel), f"{self.name}.{use}"
         if self.keep:
             start, stop = self.rows
@@ -220,11 +222,9 @@ class ExchangedDense:
 
 def _count_in(table: weakref.WeakKeyDictionary) -> int:
     """Calls counted in the graph being built or a graph it is nested in."""
-    graph = tf.compat.v1.get_default_graph()
-    while graph is not None:
+    for graph in _compat.enclosing_graphs():
         if graph in table:
             return table[graph]
-        graph = getattr(graph, "outer_graph", None)
     return 0
 
 

@@ -23,6 +23,7 @@ from hvd_overlap.core.choice import Auto, Layerwise, StockHorovod, Strategy, res
 from hvd_overlap.core.plan import DEFAULT_BUCKET_BYTES, Plan
 from hvd_overlap.core.sharding import ShardLayout
 from hvd_overlap.core.strategies import get_strategy
+from hvd_overlap.keras import _compat
 from hvd_overlap.keras.executors import Executor, Plain, make_executor
 from hvd_overlap.keras.executors.auto import AUTO, AutoExecutor, auto_choices
 from hvd_overlap.keras.train_step import OverlapTrainStep
@@ -116,9 +117,9 @@ class _DistributedMixin:
     def _compute_gradients(self, loss, var_list, grad_loss=None, tape=None):
         """Legacy optimizers' own method; on new ones Horovod's name for ``compute_gradients``
         (its tests and code written against ``hvd.DistributedOptimizer`` call it)."""
-        parent = super()
-        if hasattr(parent, "_compute_gradients"):  # legacy optimizers
-            return self._hvdo_global(parent._compute_gradients(
+        plain = _compat.legacy_compute_gradients(super())
+        if plain is not None:  # legacy optimizers
+            return self._hvdo_global(plain(
                 loss, var_list=var_list, grad_loss=grad_loss, tape=tape))
         if grad_loss is not None:
             raise ValueError("grad_loss is an argument of legacy optimizers only; "
@@ -205,6 +206,7 @@ class _DistributedMixin:
         return OverlapTrainStep(self, step_fn)
 
     # -- Keras hooks: the executor keeps Keras's behaviour or replaces it (sharded) -------------
+    # (the private names Keras, TF or Horovod call are listed in _compat.HOOK_NAMES)
 
     def build(self, var_list):
         return self._hvdo.build(var_list)
@@ -219,11 +221,12 @@ class _DistributedMixin:
     def from_config(cls, config, custom_objects=None):
         """A new distributed optimizer with this one's options, around the plain optimizer
         the config describes (fresh state, as Keras's ``from_config`` gives)."""
-        plain = cls.__mro__[2].from_config(config, custom_objects=custom_objects)
+        plain = _compat.plain_optimizer_class(cls).from_config(
+            config, custom_objects=custom_objects)
         return DistributedOptimizer(plain, **cls._hvdo_options)
 
     def _trackable_children(self, save_type="checkpoint", **kwargs):
-        children = super()._trackable_children(save_type, **kwargs)
+        children = _compat.parent_trackable_children(super(), save_type, **kwargs)
         executor = getattr(self, "_hvdo", None)  # None while Keras builds the object
         return executor.trackable_children(children) if executor is not None else children
 
@@ -237,8 +240,8 @@ def _plain(opt) -> Plain:
     return Plain(apply_gradients=parent.apply_gradients, build=getattr(parent, "build", None),
                  save_own_variables=getattr(parent, "save_own_variables", None),
                  load_own_variables=getattr(parent, "load_own_variables", None),
-                 apply_weight_decay=getattr(parent, "_apply_weight_decay", None),
-                 cls=type(opt).__mro__[2])
+                 apply_weight_decay=_compat.plain_weight_decay(parent),
+                 cls=_compat.plain_optimizer_class(type(opt)))
 
 
 def _distributed_class(base: type, options: dict) -> type:
@@ -344,7 +347,7 @@ def DistributedOptimizer(  # noqa: N802 -- same name as Horovod's factory
     wrapped._hvdo.chosen = chosen
     entry = wrapped._hvdo.checkpoint_entry
     if entry is not None:  # sharded state: a checkpoint dependency, saved and restored with it
-        wrapped._track_trackable(entry, name="hvd_overlap_sharded_state")
+        _compat.track_child(wrapped, entry, name="hvd_overlap_sharded_state")
     return wrapped
 
 

@@ -23,9 +23,9 @@ from typing import Any
 import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
-from tensorflow.python.trackable import base as trackable
 
 from hvd_overlap.core.sharding import ShardLayout, join_slices, own_slice
+from hvd_overlap.keras import _compat
 from hvd_overlap.keras.state_scope import plugin_state
 
 #: dtypes a checkpoint keeps slot state in (one flat array each); fixed so restores can name them
@@ -129,7 +129,7 @@ class ShardedState:
                 var.assign(own_slice(b, {s.index: saved[s.index] for s in b.segments}, rank))
 
 
-class ShardedCheckpoint(trackable.Trackable):
+class ShardedCheckpoint(_compat.Trackable):
     """The sharded optimizer state as a checkpoint sees it: whole per-variable slot arrays,
     gathered from every rank by ``opt.gather_state()`` (``OverlapCallback`` does it at the end
     of each epoch). Saving with a stale gather is recorded and refused when restoring."""
@@ -179,6 +179,8 @@ class ShardedCheckpoint(trackable.Trackable):
             sh.load_state(self.pending)
             self.pending = None
 
+    # -- TF's checkpoint hooks (_compat.HOOK_NAMES) --
+
     def _serialize_to_tensors(self):
         entries, data = [], {d: [] for d in _STATE_DTYPES}
         offsets = dict.fromkeys(_STATE_DTYPES, 0)
@@ -215,9 +217,8 @@ def _build_slots(opt, params: dict[int, tf.Variable],
     checkpoint entries)."""
     shard_vars = list(params.values())
     slots: dict[int, dict[str, tf.Variable]] = {b: {} for b in params}
-    legacy = isinstance(opt, tf.keras.optimizers.legacy.Optimizer)
-    if legacy:  # slots via add_slot, found by get_slot
-        opt._create_all_weights(shard_vars)
+    if _compat.is_legacy_optimizer(opt):  # slots via add_slot, found by get_slot
+        _compat.create_legacy_slots(opt, shard_vars)
         for b, p in params.items():
             for n in opt.get_slot_names():
                 try:
@@ -226,22 +227,18 @@ def _build_slots(opt, params: dict[int, tf.Variable],
                     pass
     else:  # slots appended to opt.variables, found by name
         before = {id(v) for v in opt.variables}
-        opt._built = False  # an earlier plan's slices had slots built (auto's plan switch)
+        _compat.mark_unbuilt(opt)  # an earlier plan's slices had slots built (auto's switch)
         build(shard_vars)
-        owner = {p._shared_name: b for b, p in params.items()}
+        owner = {_compat.shared_name(p): b for b, p in params.items()}
         for v in opt.variables:
             if id(v) in before:
                 continue
-            slot, var_name = _slot_of(v)
+            slot, var_name = _compat.slot_of(v)
             if var_name not in owner:
                 raise TypeError(f"{type(opt).__name__} made variable {v.name} that is not a slot "
                                 "of one parameter slice; the sharded strategy cannot split it")
             slots[owner[var_name]][slot] = v
-    hidden = {id(v) for d in slots.values() for v in d.values()}
-    if legacy:
-        opt._weights = [v for v in opt._weights if id(v) not in hidden]
-    else:
-        opt._variables = [v for v in opt._variables if id(v) not in hidden]
+    _compat.hide_optimizer_variables(opt, {id(v) for d in slots.values() for v in d.values()})
     return slots
 
 
@@ -249,18 +246,7 @@ def _release_slots(opt, slots: dict[int, dict[str, tf.Variable]]) -> None:
     """Forget slots ``_build_slots`` made, once their slices are dropped (auto's plan switch):
     a legacy optimizer keeps them in its slot registry; a Keras 2.11+ one replaces its slot
     lists when built again."""
-    if not isinstance(opt, tf.keras.optimizers.legacy.Optimizer):
-        return
-    mine = {id(v) for d in slots.values() for v in d.values()}
-    opt._slots = {k: d for k, d in opt._slots.items()
-                  if not any(id(v) in mine for v in d.values())}
-
-
-def _slot_of(v: tf.Variable) -> tuple[str, str]:
-    """(slot name, variable name) of a Keras optimizer variable named
-    ``[<optimizer>/]<slot>/<variable>``."""
-    prefix, _, var_name = v.name.split(":")[0].rpartition("/")
-    return prefix.rpartition("/")[2], var_name
+    _compat.forget_legacy_slots(opt, {id(v) for d in slots.values() for v in d.values()})
 
 
 def _decay_masks(opt, layout: ShardLayout, variables, rank: int) -> dict[int, tf.Tensor]:
@@ -270,7 +256,7 @@ def _decay_masks(opt, layout: ShardLayout, variables, rank: int) -> dict[int, tf
         return {}
     masks = {}
     for b in layout.buckets:
-        use = {s.index: opt._use_weight_decay(variables[s.index]) for s in b.segments}
+        use = {s.index: _compat.uses_weight_decay(opt, variables[s.index]) for s in b.segments}
         if all(use.values()):
             continue
         ones = {s.index: np.full(s.shape, 1.0 if use[s.index] else 0.0, b.dtype)
@@ -300,7 +286,7 @@ def plain_order(plain_class: type, opt,
                   for i, v in enumerate(variables)]
         plain.build(probes)
     order = []
-    for v in plain.variables[1:]:
-        slot, var_name = _slot_of(v)
+    for v in _compat.slot_variables(plain):
+        slot, var_name = _compat.slot_of(v)
         order.append((slot, int(var_name[len("hvdo_probe"):]), float(v.numpy()[0])))
     return order

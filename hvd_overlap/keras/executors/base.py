@@ -15,6 +15,7 @@ from hvd_overlap.comm.planner import Planner
 from hvd_overlap.comm.schedule import issue_backward
 from hvd_overlap.core.plan import BACKWARD, FORWARD, Plan
 from hvd_overlap.core.sharding import ShardLayout
+from hvd_overlap.keras import _compat
 
 Pairs = list[tuple[Any, tf.Variable]]
 
@@ -200,19 +201,11 @@ class Executor:
             if count:
                 self.opt.iterations.assign_add(1)
             return
-        schedule = _momentum_schedule(self.opt, [v for _, v in pairs])
+        # the legacy Nadam's momentum-schedule product, which every apply_gradients advances
+        schedule = _compat.legacy_nadam_momentum_cache(self.opt, [v for _, v in pairs])
         before = schedule.read_value() if schedule is not None else None
         self.plain.apply_gradients(pairs)
         if not count:
             self.opt.iterations.assign_sub(1)
             if schedule is not None:  # as iterations: every part sees the step's start value
                 schedule.assign(before)
-
-
-def _momentum_schedule(opt: Any, variables: list[tf.Variable]) -> tf.Variable | None:
-    """The legacy Nadam's momentum-schedule product, which every ``apply_gradients`` call
-    advances (created with the slots of ``variables`` if need be); None for other optimizers."""
-    if not isinstance(opt, tf.keras.optimizers.legacy.Nadam):
-        return None
-    opt._create_all_weights(variables)
-    return opt._m_cache

@@ -16,6 +16,7 @@ import tensorflow as tf
 from hvd_overlap.comm.methods import Grad
 from hvd_overlap.comm.schedule import issue_backward, issue_forward
 from hvd_overlap.core.plan import BACKWARD, FORWARD, Plan
+from hvd_overlap.keras import _compat
 from hvd_overlap.keras.executors.forward_phase import NextStepExecutor
 from hvd_overlap.keras.state_scope import plugin_state
 
@@ -43,7 +44,7 @@ class DeferringExecutor(NextStepExecutor):
             self.step_hypers = [
                 (h, tf.Variable(tf.zeros([], h.dtype), trainable=False,
                                 name=f"hvd_overlap_step_{h.name.split(':')[0].split('/')[-1]}"))
-                for h in _hyper_variables(self.opt)]
+                for h in _compat.hyper_variables(self.opt)]
         self.phase.create()
         self.plan, self.variables = plan, list(variables)
 
@@ -128,17 +129,3 @@ class DeferringExecutor(NextStepExecutor):
         reduced = self.method.reduce(bucket, grads, self.variables)
         self.apply_part([(reduced[v.index], self.variables[v.index]) for v in bucket.variables
                          if v.index in reduced], count=last)
-
-
-
-def _hyper_variables(opt: Any) -> list[tf.Variable]:
-    """The variables holding hyperparameters a callback may change between steps (Keras keeps
-    them privately: new optimizers only the learning rate, in ``_learning_rate``; legacy ones
-    all of them, in ``_hyper``, made variables here if they are not yet)."""
-    if hasattr(opt, "_create_hypers"):  # legacy
-        _ = opt.iterations  # first, as Keras makes them: the optimizer's weights keep its order
-        opt._create_hypers()
-        hypers = [v for _, v in sorted(opt._hyper.items())]
-    else:
-        hypers = [getattr(opt, "_learning_rate", None)]
-    return [h for h in hypers if isinstance(h, tf.Variable)]

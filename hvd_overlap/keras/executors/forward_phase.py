@@ -17,6 +17,7 @@ import horovod.tensorflow as hvd
 import tensorflow as tf
 
 from hvd_overlap.core.plan import Plan
+from hvd_overlap.keras import _compat
 from hvd_overlap.keras.executors.base import Executor
 from hvd_overlap.keras.state_scope import plugin_state
 
@@ -44,12 +45,7 @@ class ForwardPhase:
     def installed(self) -> bool:
         """True if the graph being built, or one it is nested in (a ``tf.cond`` branch, as the
         loss-scale optimizer's), runs the pre-forward phase."""
-        graph = tf.compat.v1.get_default_graph()
-        while graph is not None:
-            if graph in self._graphs:
-                return True
-            graph = getattr(graph, "outer_graph", None)
-        return False
+        return any(graph in self._graphs for graph in _compat.enclosing_graphs())
 
     def can_defer(self, reduced: bool = False) -> bool:
         """True if this step may leave updates for the next one: its graph runs the

@@ -22,6 +22,7 @@ from hvd_overlap.comm.schedule import chain, issue_forward
 from hvd_overlap.core.exchange import NEVER, ROWS, row_range
 from hvd_overlap.core.plan import BACKWARD, FORWARD, Plan
 from hvd_overlap.core.sharding import BucketSlices, ShardLayout, partition
+from hvd_overlap.keras import _compat
 from hvd_overlap.keras.exchange import DenseExchanges
 from hvd_overlap.keras.executors.forward_phase import NextStepExecutor
 from hvd_overlap.keras.sharded_state import ShardedState, plain_order, stale_state_error
@@ -233,19 +234,19 @@ class ShardedExecutor(NextStepExecutor):
         if st.checkpoint.iterations != step:
             raise stale_state_error(step, st.checkpoint.iterations)
         variables = st.variables
-        store["0"] = self.opt.iterations.numpy()
-        for k, (slot, index, initial) in enumerate(
-                plain_order(self.plain.cls, self.opt, variables), start=1):
+        arrays = [self.opt.iterations.numpy()]
+        for slot, index, initial in plain_order(self.plain.cls, self.opt, variables):
             saved = st.checkpoint.slots.get(slot, {}).get(index)
             # a variable without gradient keeps its initial slot value, as in stock Horovod
-            store[str(k)] = saved if saved is not None else np.full(
-                variables[index].shape, initial, variables[index].dtype.as_numpy_dtype)
+            arrays.append(saved if saved is not None else np.full(
+                variables[index].shape, initial, variables[index].dtype.as_numpy_dtype))
+        _compat.fill_store(store, arrays)
         return None
 
     def load_own_variables(self, store: Any) -> Any:
         if self.plain.load_own_variables is None:
             return super().load_own_variables(store)
-        arrays = [np.asarray(store[str(k)]) for k in range(len(store.keys()))]
+        arrays = [np.asarray(a) for a in _compat.read_store(store)]
         self.opt.iterations.assign(arrays[0])
         self.state.checkpoint.restore_plain(arrays[1:], int(self.opt.iterations.numpy()))
         return None

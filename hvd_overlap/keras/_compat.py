@@ -1,0 +1,232 @@
+"""Every private Keras / TensorFlow / Horovod internal the plugin relies on, in one file.
+
+The rest of ``hvd_overlap`` calls public API and this module only. Each function names one
+internal, says what Keras 2.15 (TF 2.15, Horovod 0.28) does there and why the plugin needs it.
+On a Keras upgrade, re-check this file: ``tests/test_compat.py`` asserts the version and that
+each attribute used here still exists, so it fails first, naming the attribute.
+
+``comm`` and ``growth`` import it inside the function that needs it (``comm`` is imported by
+``hvd_overlap.keras`` itself, so a top-level import would be circular).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import horovod.tensorflow as hvd
+import tensorflow as tf
+from tensorflow.python.trackable import base as _trackable
+
+#: the Keras (``tf.keras``) version this adapter was written and checked for
+KERAS_VERSION = "2.15"
+
+#: Methods and properties of the plugin's own classes that keep a private name because Keras,
+#: TensorFlow or Horovod call them by it (their bodies call this module): (class, name, caller).
+HOOK_NAMES: tuple[tuple[str, str, str], ...] = (
+    ("_DistributedMixin", "_trackable_children", "TF checkpointing asks a Trackable for them"),
+    ("_DistributedMixin", "_apply_weight_decay", "Keras 2.11+ Optimizer.apply_gradients"),
+    ("_DistributedMixin", "_compute_gradients", "legacy Optimizer.minimize; Horovod's name"),
+    ("_DistributedMixin", "_agg_helper", "Horovod's attribute (backward_passes_per_step)"),
+    ("ShardedCheckpoint", "_serialize_to_tensors", "TF checkpoint saving"),
+    ("ShardedCheckpoint", "_restore_from_tensors", "TF checkpoint restoring"),
+)
+
+#: TF's base of checkpointable objects (no public alias in TF 2.15): ``ShardedCheckpoint``
+#: subclasses it to save its own tensors via the ``_serialize_to_tensors`` hooks above.
+Trackable = _trackable.Trackable
+
+
+# -- the optimizer's class and Keras's hooks -----------------------------------------------------
+
+def plain_optimizer_class(cls: type) -> type:
+    """The user's optimizer class behind a generated distributed class: its MRO is (generated
+    class, ``_DistributedMixin``, user's class, ...)."""
+    return cls.__mro__[2]
+
+
+def is_legacy_optimizer(opt: Any) -> bool:
+    """True for ``tf.keras.optimizers.legacy`` optimizers (OptimizerV2: ``add_slot`` slots,
+    ``_hyper`` hyperparameters), False for the Keras 2.11+ ones (slots in ``variables``)."""
+    return isinstance(opt, tf.keras.optimizers.legacy.Optimizer)
+
+
+def parent_trackable_children(parent: Any, save_type: str, **kwargs: Any) -> dict[str, Any]:
+    """``Trackable._trackable_children`` of the plain optimizer (``parent``: a ``super()``):
+    what TF checkpoints under it; the mixin's override filters it (sharded slots)."""
+    return parent._trackable_children(save_type, **kwargs)
+
+
+def legacy_compute_gradients(parent: Any) -> Callable[..., Any] | None:
+    """The legacy optimizers' ``_compute_gradients`` (which their ``minimize`` calls), bound
+    to ``parent`` (a ``super()``); None on Keras 2.11+ optimizers, which have none."""
+    return getattr(parent, "_compute_gradients", None)
+
+
+def plain_weight_decay(parent: Any) -> Callable[[Sequence[tf.Variable]], Any] | None:
+    """Keras 2.11+ ``Optimizer._apply_weight_decay`` (decoupled decay, called by
+    ``apply_gradients`` before the update) of ``parent`` (a ``super()``); None on legacy ones."""
+    return getattr(parent, "_apply_weight_decay", None)
+
+
+def track_child(obj: Any, child: Any, name: str) -> None:
+    """``Trackable._track_trackable``: make ``child`` a named checkpoint dependency of ``obj``
+    (the sharded state is saved and restored with the optimizer)."""
+    obj._track_trackable(child, name=name)
+
+
+# -- optimizer variables: slots and hyperparameters ----------------------------------------------
+
+def create_legacy_slots(opt: Any, variables: Sequence[tf.Variable]) -> None:
+    """Legacy ``OptimizerV2._create_all_weights``: iterations, hyperparameters and the slots
+    of ``variables`` (only those not made yet), as its ``apply_gradients`` does first."""
+    opt._create_all_weights(variables)
+
+
+def mark_unbuilt(opt: Any) -> None:
+    """Keras 2.11+ ``build`` returns at once once ``_built``; clear it so a later plan's
+    slices (auto's plan switch) get slots too."""
+    opt._built = False
+
+
+def shared_name(var: tf.Variable) -> str:
+    """``Variable._shared_name`` (the name without ``:0``): Keras 2.11+ names a slot
+    ``<slot>/<_shared_name of its variable>`` (``add_variable_from_reference``)."""
+    return var._shared_name
+
+
+def slot_of(v: tf.Variable) -> tuple[str, str]:
+    """(slot name, variable name) of a Keras 2.11+ optimizer variable named
+    ``[<optimizer>/]<slot>/<variable>``."""
+    prefix, _, var_name = v.name.split(":")[0].rpartition("/")
+    return prefix.rpartition("/")[2], var_name
+
+
+def slot_variables(opt: Any) -> list[tf.Variable]:
+    """A built Keras 2.11+ optimizer's variables after its step counter: ``variables`` lists
+    ``iterations`` first, then the slots in ``build`` order (``save_own_variables``'s order)."""
+    return list(opt.variables[1:])
+
+
+def hide_optimizer_variables(opt: Any, hidden: set[int]) -> None:
+    """Drop the variables with these ids from ``opt.variables()`` (its private list: legacy
+    ``_weights``, Keras 2.11+ ``_variables``), and so from broadcasts and its checkpoint."""
+    if is_legacy_optimizer(opt):
+        opt._weights = [v for v in opt._weights if id(v) not in hidden]
+    else:
+        opt._variables = [v for v in opt._variables if id(v) not in hidden]
+
+
+def forget_legacy_slots(opt: Any, dropped: set[int]) -> None:
+    """A legacy optimizer keeps slots in ``_slots`` (variable key -> slot name -> slot): forget
+    the entries holding these ids. A Keras 2.11+ one replaces its lists when built again."""
+    if not is_legacy_optimizer(opt):
+        return
+    opt._slots = {k: d for k, d in opt._slots.items()
+                  if not any(id(v) in dropped for v in d.values())}
+
+
+def uses_weight_decay(opt: Any, var: tf.Variable) -> bool:
+    """Keras 2.11+ ``_use_weight_decay``: False for variables excluded from decoupled weight
+    decay (``exclude_from_weight_decay``, by identity or name)."""
+    return opt._use_weight_decay(var)
+
+
+def legacy_nadam_momentum_cache(opt: Any, variables: Sequence[tf.Variable]
+                                ) -> tf.Variable | None:
+    """The legacy Nadam's momentum-schedule product ``_m_cache``, which every
+    ``apply_gradients`` call advances (created with the slots of ``variables`` if need be);
+    None for other optimizers."""
+    if not isinstance(opt, tf.keras.optimizers.legacy.Nadam):
+        return None
+    opt._create_all_weights(variables)
+    return opt._m_cache
+
+
+def hyper_variables(opt: Any) -> list[tf.Variable]:
+    """The variables holding hyperparameters a callback may change between steps. Keras keeps
+    them privately: Keras 2.11+ only the learning rate, in ``_learning_rate``; legacy ones all
+    of them, in ``_hyper``, made variables here by ``_create_hypers`` if they are not yet."""
+    if hasattr(opt, "_create_hypers"):  # legacy
+        _ = opt.iterations  # first, as Keras makes them: the optimizer's weights keep its order
+        opt._create_hypers()
+        hypers = [v for _, v in sorted(opt._hyper.items())]
+    else:
+        hypers = [getattr(opt, "_learning_rate", None)]
+    return [h for h in hypers if isinstance(h, tf.Variable)]
+
+
+def fill_store(store: Any, arrays: Sequence[Any]) -> None:
+    """Write a ``.keras`` file's optimizer entry as Keras 2.11+ ``save_own_variables`` does:
+    ``store[str(i)]`` for the i-th of ``variables`` (``iterations`` first)."""
+    for i, a in enumerate(arrays):
+        store[str(i)] = a
+
+
+def read_store(store: Any) -> list[Any]:
+    """The arrays of an optimizer entry written by ``save_own_variables``, in order."""
+    return [store[str(k)] for k in range(len(store.keys()))]
+
+
+# -- graphs and layers ----------------------------------------------------------------------------
+
+def outer_graph(graph: Any) -> Any:
+    """``FuncGraph.outer_graph``: the graph a ``tf.function`` or ``tf.cond`` branch is built
+    in (None for the outermost graph, which has no such attribute)."""
+    return getattr(graph, "outer_graph", None)
+
+
+def enclosing_graphs() -> Iterator[Any]:
+    """The graph being built, then each graph it is nested in, outwards."""
+    graph = tf.compat.v1.get_default_graph()
+    while graph is not None:
+        yield graph
+        graph = outer_graph(graph)
+
+
+def compute_dtype_object(layer: Any) -> tf.DType:
+    """``Layer._compute_dtype_object``: the ``tf.DType`` Keras casts a layer's inputs to in
+    ``__call__`` (the exchanged ``Dense`` call does the same cast itself)."""
+    return layer._compute_dtype_object
+
+
+# -- patching Keras objects ----------------------------------------------------------------------
+
+def patch_method(obj: Any, name: str, fn: Callable[..., Any]) -> Any:
+    """Replace ``obj.name`` by ``fn`` as an instance attribute; return what the instance
+    itself held before (None: the class's method). Keras 2.15 reads the attribute when it is
+    used (``__call__`` calls ``self.call``, ``make_train_function`` reads ``self.train_step``),
+    so the replacement takes effect from the next trace."""
+    previous = vars(obj).get(name)
+    setattr(obj, name, fn)
+    return previous
+
+
+def restore_method(obj: Any, name: str, previous: Any = None) -> None:
+    """Undo ``patch_method``: put ``previous`` back, or (None) delete the instance attribute
+    so the class's method is seen again."""
+    if previous is not None:
+        setattr(obj, name, previous)
+    elif name in vars(obj):
+        delattr(obj, name)
+
+
+def set_train_function(model: Any, fn: Any) -> None:
+    """Keras 2.15 ``fit`` calls ``model.train_function`` afresh at every step, so a callback's
+    ``on_train_batch_begin`` can choose the function the step runs."""
+    model.train_function = fn
+
+
+def forget_train_function(model: Any) -> None:
+    """Drop the cached train function: the next ``fit`` (``make_train_function``) traces
+    ``train_step`` again."""
+    model.train_function = None
+
+
+# -- Horovod ---------------------------------------------------------------------------------------
+
+def horovod_allreduce_grads_fn(*args: Any, **kwargs: Any) -> Callable[..., Any]:
+    """``horovod.tensorflow._make_allreduce_grads_fn``: the gradient function stock
+    ``hvd.DistributedOptimizer`` uses (its arguments), so the ``horovod`` strategy sends
+    exactly as Horovod does."""
+    return hvd._make_allreduce_grads_fn(*args, **kwargs)

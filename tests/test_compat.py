@@ -1,0 +1,179 @@
+"""The Keras/TF/Horovod internals ``hvd_overlap/keras/_compat.py`` relies on still exist.
+
+Single process. On a Keras (or TF, Horovod) upgrade this file fails first, naming the version or
+the attribute: re-check ``hvd_overlap/keras/_compat.py`` against the new release.
+"""
+
+import importlib
+import inspect
+import re
+import sys
+from pathlib import Path
+
+import horovod.tensorflow as hvd
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import hvd_overlap
+from hvd_overlap.keras import _compat
+from hvd_overlap.keras.optimizer import _DistributedMixin
+from hvd_overlap.keras.sharded_state import ShardedCheckpoint
+
+RECHECK = "re-check hvd_overlap/keras/_compat.py against the installed Keras/TF/Horovod"
+
+
+def _has(obj, name: str) -> None:
+    assert hasattr(obj, name), f"{type(obj).__name__} has no {name!r}: {RECHECK}"
+
+
+def _built_adam():
+    var = tf.Variable(tf.zeros([2, 3]), name="compat_kernel")
+    opt = tf.keras.optimizers.AdamW(0.1, weight_decay=0.01)
+    opt.build([var])
+    return opt, var
+
+
+def test_the_installed_keras_is_the_version_the_adapter_was_written_for():
+    keras = sys.modules[tf.keras.__name__.split(".")[0]]  # keras (or tf_keras) behind tf.keras
+    assert keras.__version__.startswith(_compat.KERAS_VERSION), (
+        f"tf.keras is {keras.__version__}, hvd_overlap/keras/_compat.py was written for "
+        f"{_compat.KERAS_VERSION}: {RECHECK}, then update KERAS_VERSION")
+
+
+def test_keras_optimizers_keep_the_internals_the_adapter_uses():
+    opt, var = _built_adam()
+    for name in ("_variables", "_built", "_learning_rate", "_use_weight_decay",
+                 "_apply_weight_decay", "_trackable_children", "_track_trackable"):
+        _has(opt, name)
+    assert opt.variables[0] is opt.iterations, f"variables no longer start with iterations: " \
+        f"{RECHECK}"
+    assert list(opt.variables) == list(opt._variables), RECHECK
+    _has(var, "_shared_name")
+    slots = _compat.slot_variables(opt)
+    assert [_compat.slot_of(v) for v in slots] == [
+        ("m", _compat.shared_name(var)), ("v", _compat.shared_name(var))], (
+        f"Keras names slots differently ({[v.name for v in slots]}): {RECHECK}")
+    assert _compat.uses_weight_decay(opt, var) is True
+    assert [h.name for h in _compat.hyper_variables(opt)] == [opt._learning_rate.name]
+    assert _compat.legacy_compute_gradients(super(type(opt), opt)) is None
+
+
+def test_keras_optimizers_save_their_variables_in_the_layout_the_adapter_writes():
+    opt, _ = _built_adam()
+    store: dict = {}
+    opt.save_own_variables(store)
+    ours: dict = {}
+    _compat.fill_store(ours, [v.numpy() for v in opt.variables])
+    assert sorted(store) == sorted(ours), RECHECK
+    assert all(np.array_equal(a, b) for a, b in zip(_compat.read_store(store),
+                                                     _compat.read_store(ours), strict=True))
+
+
+def test_legacy_optimizers_keep_the_internals_the_adapter_uses():
+    var = tf.Variable(tf.zeros([3]), name="compat_legacy")
+    opt = tf.keras.optimizers.legacy.Adam(0.1)
+    assert _compat.is_legacy_optimizer(opt)
+    for name in ("_create_all_weights", "_create_hypers", "_hyper", "_slots", "_weights",
+                 "_compute_gradients", "_trackable_children"):
+        _has(opt, name)
+    _compat.create_legacy_slots(opt, [var])
+    assert opt.get_slot(var, "m") is not None
+    assert {id(v) for d in opt._slots.values() for v in d.values()} >= {
+        id(opt.get_slot(var, "m")), id(opt.get_slot(var, "v"))}, RECHECK
+    names = sorted(h.name.split(":")[0].split("/")[-1] for h in _compat.hyper_variables(opt))
+    assert names == ["beta_1", "beta_2", "decay", "learning_rate"], RECHECK
+    nadam = tf.keras.optimizers.legacy.Nadam(0.1)
+    cache = _compat.legacy_nadam_momentum_cache(nadam, [var])
+    assert isinstance(cache, tf.Variable), f"legacy Nadam has no _m_cache variable: {RECHECK}"
+
+
+def test_tf_and_keras_keep_the_graph_layer_and_trackable_internals():
+    layer = tf.keras.layers.Dense(2)
+    _has(layer, "_compute_dtype_object")
+    assert _compat.compute_dtype_object(layer) == tf.float32
+    for name in ("_serialize_to_tensors", "_restore_from_tensors", "_trackable_children",
+                 "_track_trackable"):
+        assert hasattr(_compat.Trackable, name), f"Trackable has no {name!r}: {RECHECK}"
+    seen = []
+
+    @tf.function
+    def outer():
+        return tf.cond(tf.constant(True), lambda: inner(), lambda: tf.constant(0))
+
+    def inner():
+        seen.append(list(_compat.enclosing_graphs()))
+        return tf.constant(1)
+
+    outer()
+    graphs = seen[0]
+    assert len(graphs) >= 3, f"FuncGraph.outer_graph does not lead out of a tf.cond: {RECHECK}"
+    assert all(_compat.outer_graph(g) is h for g, h in zip(graphs, graphs[1:], strict=False))
+    assert _compat.outer_graph(graphs[-1]) is None
+
+
+def test_horovod_keeps_its_gradient_function():
+    fn = getattr(hvd, "_make_allreduce_grads_fn", None)
+    assert fn is not None, f"horovod.tensorflow has no _make_allreduce_grads_fn: {RECHECK}"
+    assert list(inspect.signature(fn).parameters) == [
+        "name", "device_dense", "device_sparse", "compression", "sparse_as_dense", "op",
+        "gradient_predivide_factor", "groups", "process_set"], RECHECK
+    assert "_agg_helper" in inspect.getsource(importlib.import_module("horovod._keras")), RECHECK
+
+
+def test_every_hook_name_is_defined_by_us_and_called_by_keras_tf_or_horovod():
+    ours = {"_DistributedMixin": _DistributedMixin, "ShardedCheckpoint": ShardedCheckpoint}
+    bases = {"_trackable_children": _compat.Trackable,
+             "_apply_weight_decay": tf.keras.optimizers.Optimizer,
+             "_compute_gradients": tf.keras.optimizers.legacy.Optimizer,
+             "_serialize_to_tensors": _compat.Trackable,
+             "_restore_from_tensors": _compat.Trackable}
+    for owner, name, _caller in _compat.HOOK_NAMES:
+        assert name in vars(ours[owner]), (owner, name)
+        if name in bases:
+            assert hasattr(bases[name], name), f"{bases[name].__name__}.{name}: {RECHECK}"
+
+
+def test_patching_a_keras_method_takes_effect_and_is_undone():
+    tf.keras.utils.set_random_seed(0)
+    model = tf.keras.Sequential([tf.keras.layers.Dense(1, input_shape=(2,))])
+    model.compile("sgd", "mse")
+    calls = {"step": 0, "function": 0}
+    original = model.train_step
+
+    def train_step(data):
+        calls["step"] += 1
+        return original(data)
+
+    assert _compat.patch_method(model, "train_step", train_step) is None
+
+    class Choose(tf.keras.callbacks.Callback):
+        def on_train_begin(self, logs=None):
+            self.fn = self.model.make_train_function()
+
+        def on_train_batch_begin(self, batch, logs=None):
+            def counted(iterator):
+                calls["function"] += 1
+                return self.fn(iterator)
+            _compat.set_train_function(self.model, counted)
+
+    x = np.ones((4, 2), np.float32)
+    model.fit(x, x[:, :1], batch_size=2, epochs=1, verbose=0, callbacks=[Choose()])
+    assert calls["step"] >= 1, f"make_train_function ignored the patched train_step: {RECHECK}"
+    assert calls["function"] == 2, f"fit no longer reads train_function per step: {RECHECK}"
+    _compat.restore_method(model, "train_step")
+    assert "train_step" not in vars(model)
+    _compat.forget_train_function(model)
+    assert model.train_function is None
+
+
+@pytest.mark.parametrize("pattern", [r"^\s*(from|import)\s+tensorflow\.python",
+                                     r"^\s*(from|import)\s+keras\.src", r"\btf\.python\.",
+                                     r"\bhvd\._[a-z]", r"__mro__"])
+def test_only_the_adapter_reaches_tf_keras_or_horovod_internals(pattern):
+    root = Path(hvd_overlap.__file__).parent
+    for package in ("comm", "keras", "growth"):
+        for f in sorted((root / package).rglob("*.py")):
+            if f.name != "_compat.py":
+                hits = [line for line in f.read_text().splitlines() if re.search(pattern, line)]
+                assert not hits, (f, hits)

@@ -7,7 +7,9 @@ Per run: auto's step time against real stock Horovod's and against the best fixe
 same run (stock included), with a 90% bootstrap interval of each ratio (rounds resampled, then steps
 within them: how far this machine's noise lets the figure move), and what auto chose in each round.
 A run that also measured ``stock#2`` (a second, independent stock entry) shows stock / stock#2: the
-same code against itself, the ratio this machine cannot resolve.
+same code against itself, the ratio this machine cannot resolve. A run's ``source`` (its JSON
+file as a link from the page; ``python -m benchmarks auto-results`` sets it) is its last cell:
+when and how it was measured are in that file, not on the page.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ def row(run: dict[str, Any]) -> dict[str, Any]:
             "settle_steps": [p["steps"] for p in raw.get("auto_choices", [])],
             "control": fixed[STOCK] / s[STOCK_AGAIN]["step_time_s"] if aa else None,
             "control_interval": ratio_interval(raw, STOCK, STOCK_AGAIN) if aa else None,
-            "measured": run.get("measured", "-")}
+            "source": run.get("source")}
 
 
 def round_ratios(raw: dict[str, Any], reference: str, strategy: str) -> list[float]:
@@ -86,10 +88,11 @@ def markdown(runs: list[dict[str, Any]]) -> str:
         return "-" if x is None else f"{x * 1e3:.0f}"
 
     lines = [
+        '# `strategy="auto"`, measured', "",
         "| model | network | batch/rank | local ms | stock ms | stock wire ms | best fixed "
         "(ms) | auto ms | auto / stock | 90% interval | per round | auto / best fixed | "
         "90% interval | auto's pick per round | A/A: stock / stock#2 (90% interval) | "
-        "measured |",
+        "raw data |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         c = r["config"]
@@ -101,7 +104,7 @@ def markdown(runs: list[dict[str, Any]]) -> str:
             f"{ms(r['auto'])} | {r['vs_stock']:.2f}x | {_span(r['vs_stock_interval'])} | "
             f"{', '.join(f'{x:.2f}' for x in r['vs_stock_rounds']) or '-'} | "
             f"{r['vs_best']:.2f}x | {_span(r['vs_best_interval'])} | {picks} | "
-            f"{_control(r)} | {r['measured']} |")
+            f"{_control(r)} | {_source(r['source'])} |")
     if rows:
         worst_stock = min(rows, key=lambda r: r["vs_stock"])
         worst_best = min(rows, key=lambda r: r["vs_best"])
@@ -125,6 +128,10 @@ def markdown(runs: list[dict[str, Any]]) -> str:
                           f"{sum(r['control'] < 0.98 for r in controls)} of {len(controls)} "
                           "runs: how often identical code misses a 0.98x bar on this machine."]
     return "\n".join(lines) + "\n"
+
+
+def _source(source: str | None) -> str:
+    return "-" if not source else f"[{source.rsplit('/', 1)[-1]}]({source})"
 
 
 def _control(r: dict[str, Any]) -> str:

@@ -11,9 +11,13 @@ import click
 from benchmarks.config import MODEL_NAMES, BenchConfig
 
 
-def _runs(paths: tuple[str, ...]) -> list[dict]:
-    """The bench JSON files (``python -m benchmarks bench --json``), in order."""
-    return [json.loads(Path(p).read_text()) for p in paths]
+def _runs(paths: tuple[str, ...], page: str | None = None) -> list[dict]:
+    """The bench JSON files (``python -m benchmarks bench --json``), in order; with ``page``,
+    each with its ``source``: the file as a link from that page."""
+    from benchmarks.results import link
+
+    return [{**json.loads(Path(p).read_text()), **({"source": link(p, page)} if page else {})}
+            for p in paths]
 
 
 @click.group()
@@ -214,8 +218,8 @@ def validate(bench_paths: tuple[str, ...], md_path: str | None, json_path: str |
              plot_path: str | None) -> None:
     """The simulator's predicted step times against bench runs (``bench --json`` files), with
     this machine's calibration and the bench models' measured profiles:
-    ``python -m benchmarks validate docs/bench_*.json``."""
-    from benchmarks import validation
+    ``python -m benchmarks validate benchmarks/results/bench/*.json``."""
+    from benchmarks import results, validation
 
     try:
         table, checks = validation.validation_markdown(bench_paths)
@@ -223,7 +227,13 @@ def validate(bench_paths: tuple[str, ...], md_path: str | None, json_path: str |
         raise click.ClickException(f"cannot validate: {e}") from None
     click.echo(table)
     if md_path:
-        Path(md_path).write_text(table)
+        options = " ".join([f"--markdown {md_path}", *([f"--json {json_path}"] if json_path
+                                                        else []),
+                            *([f"--plot {plot_path}"] if plot_path else [])])
+        Path(md_path).write_text(
+            "# The simulator's step times against measured ones\n\n" + table
+            + results.regenerate("scripts/bench-results", md_path, "python -m benchmarks validate",
+                                 bench_paths, options))
     if json_path:
         Path(json_path).write_text(json.dumps([{**c.__dict__, "error": c.error}
                                                for c in checks], indent=1))
@@ -245,7 +255,9 @@ def bench_results(md_path: str, png_path: str, run_paths: tuple[str, ...]) -> No
     from benchmarks import report, results
 
     runs = _runs(run_paths)
-    Path(md_path).write_text(results.markdown(runs))
+    Path(md_path).write_text(results.markdown(runs) + results.regenerate(
+        "scripts/bench-results", md_path, f"python -m benchmarks bench-results {md_path} "
+        f"{png_path}", run_paths))
     report.plot(png_path, {results.label(r["raw"]): r["strategies"] for r in runs})
 
 
@@ -255,8 +267,11 @@ def bench_results(md_path: str, png_path: str, run_paths: tuple[str, ...]) -> No
 def exchange_results(md_path: str, run_paths: tuple[str, ...]) -> None:
     """The dense factor exchange's docs table over bench runs (``scripts/exchange-bench``)."""
     from benchmarks import exchange_results as tables
+    from benchmarks.results import regenerate
 
-    Path(md_path).write_text(tables.markdown(_runs(run_paths)))
+    Path(md_path).write_text(tables.markdown(_runs(run_paths)) + regenerate(
+        "scripts/exchange-bench", md_path, f"python -m benchmarks exchange-results {md_path}",
+        run_paths))
 
 
 @main.command("auto-results")
@@ -266,5 +281,8 @@ def auto_results(md_path: str, run_paths: tuple[str, ...]) -> None:
     """The measured grid of strategy="auto" over bench runs with auto among their strategies
     (``scripts/auto-bench``), with bootstrap intervals of its ratios."""
     from benchmarks import auto_results as tables
+    from benchmarks.results import regenerate
 
-    Path(md_path).write_text(tables.markdown(_runs(run_paths)))
+    Path(md_path).write_text(tables.markdown(_runs(run_paths, md_path)) + regenerate(
+        "scripts/auto-bench", md_path, f"python -m benchmarks auto-results {md_path}",
+        run_paths))

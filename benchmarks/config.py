@@ -31,11 +31,11 @@ def base_name(name: str) -> str:
 
 def plugin_options(name: str) -> tuple[str, dict[str, object]]:
     """A bench strategy name as ``DistributedOptimizer``'s strategy and extra keywords, read by
-    the plugin's one strategy parser (``hvd_overlap.core.choice.parse``:
+    the plugin's one strategy parser (``hvd_overlap.core.spelling.parse``:
     ``sharded+exchange+alltoall`` -> ``"sharded"``, ``exchange="auto"``,
     ``gather_with="alltoall"``; a replica's ``#K`` dropped; ``stock``/``local`` as they are).
     Raises ValueError for an unknown strategy or option, or one the strategy has no use for."""
-    from hvd_overlap.core.choice import parse
+    from hvd_overlap.core.spelling import parse
 
     base = base_name(name)
     if base in CLEAN:

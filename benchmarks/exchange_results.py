@@ -44,7 +44,7 @@ def markdown(runs: list[dict[str, Any]]) -> str:
              "same run, MiB rank 0 sent per step (Horovod timeline: each collective's logged "
              "size x its algorithm's share; an alltoall's size is not logged, so it is missing), "
              "MiB rank 0's link sent per step (the interface counters: everything, alltoalls "
-             "and TCP/IP headers included; runs before stop 25 did not record it) and every "
+             "and TCP/IP headers included; older runs did not record it) and every "
              "round's step time:", "",
              "| model | network | batch/rank | strategy | step ms | vs stock | vs sharded | "
              "sent MiB | link MiB | rounds (ms) |", "|---|---|---|---|---|---|---|---|---|---|"]

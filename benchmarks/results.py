@@ -3,11 +3,16 @@
     python -m benchmarks bench-results OUT.md OUT.png RUN.json [RUN.json ...]
 
 Each RUN.json is a ``python -m benchmarks bench --json`` file; its ``command`` key (added by the
-script) is quoted in OUT.md so every number can be regenerated.
+script) is quoted in OUT.md so every number can be regenerated. The runs the docs pages are made
+from live in ``benchmarks/results/<experiment>/``; every page ends with ``regenerate``'s section:
+the script that measures it again, its raw data folder and the command that redraws it.
 """
 
 from __future__ import annotations
 
+import os
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from benchmarks import report
@@ -24,7 +29,27 @@ def label(raw: dict[str, Any]) -> str:
     return f"{c['model']}, {report.net_label(c)}, {c['batch_size']}/rank"
 
 
+def link(target: str | Path, page: str | Path) -> str:
+    """``target`` as a markdown link target from the page written to ``page``."""
+    return Path(os.path.relpath(target, Path(page).parent)).as_posix()
 
+
+def regenerate(script: str, page: str | Path, command: str, run_paths: Sequence[str | Path],
+               options: str = "") -> str:
+    """A page's last section: ``script`` measures it again; the raw data (the folder holding
+    ``run_paths``, linked from ``page``); ``command`` RUN.json... ``options`` redraws the page
+    from that data without measuring (the runs in their order on the page)."""
+    folder = os.path.commonpath([os.path.dirname(os.path.abspath(p)) for p in run_paths])
+    here = os.path.relpath(folder)
+    shown = Path(folder if here.startswith("..") else here).as_posix().rstrip("/") + "/"
+    args = [command, *(Path(p).as_posix() for p in run_paths), *([options] if options else [])]
+    return "\n".join([
+        "", "## Regenerate", "",
+        f"Measured with `{script}` (it rewrites this page; its header lists the settings). "
+        "Raw data, one `python -m benchmarks bench --json` file per run: "
+        f"[{shown}]({link(folder, page)}/). This page from it, without measuring (from the "
+        "repository root):", "",
+        "```", " \\\n  ".join(args), "```", ""])
 
 
 def ratio_table(runs: list[dict[str, Any]]) -> str:

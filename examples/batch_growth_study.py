@@ -26,9 +26,11 @@ Policies (global batches, LR coupled to the batch relative to the small one, ``l
 - the sweep around ``growth``: ``growth-w<W>`` (warm-up steps; ``adabatch`` is ``w0``) and
   ``growth-e<E>`` (period).
 
-Rank 0 writes ``batch_growth_study.md`` (tables), ``batch_growth.json`` (every run's per-epoch
-accuracy, batch, LR and rounds) and ``batch_growth.png`` (accuracy vs epoch and vs
-communication rounds, batch vs epoch) into ``--out``; ``--from-json`` redraws them from a
+Rank 0 writes ``batch_growth_study.md`` (tables) and ``batch_growth.png`` (accuracy vs epoch
+and vs communication rounds, batch vs epoch) into ``--out``, and ``batch_growth.json`` (every
+run's per-epoch accuracy, batch, LR and rounds) to ``--json``: by default beside them, or, with
+the default ``--out docs``, into the repository's results folder
+(``benchmarks/results/batch_growth/``). ``--from-json`` redraws the report from a
 ``batch_growth.json`` without training.
 """
 
@@ -36,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from pathlib import Path
 
@@ -55,6 +58,9 @@ hvd.init()
 POLICIES = ["small", "large", "large-sqrt", "growth", "adabatch", "smith", "growth-sqrt"]
 SWEEP = ["growth-w20", "growth-w100", "growth-e2", "growth-e4"]  # w0 is adabatch
 GOYAL_WARMUP_EPOCHS = 5
+ROOT = Path(__file__).resolve().parent.parent
+#: where the raw results of the docs' report (``--out docs``) go
+RESULTS = ROOT / "benchmarks" / "results" / "batch_growth" / "batch_growth.json"
 
 
 def load(seed: int = 0):
@@ -159,8 +165,16 @@ def _table(configs: list[str], by: dict, base_acc: float, base_rounds: float,
     return rows
 
 
-def report(results: list[dict], args: argparse.Namespace, out: Path) -> None:
-    """Tables, raw results and plot of the runs (``args``: the study's settings)."""
+def raw_path(out: Path, json_path: str | None) -> Path:
+    """Where the raw results go: ``--json``, else RESULTS for the docs, else OUT's."""
+    if json_path:
+        return Path(json_path)
+    return RESULTS if out.resolve() == ROOT / "docs" else out / "batch_growth.json"
+
+
+def report(results: list[dict], args: argparse.Namespace, out: Path, raw: Path) -> None:
+    """Tables, raw results (to ``raw``) and plot of the runs (``args``: the study's
+    settings)."""
     configs = list(dict.fromkeys(r["config"] for r in results))
     by = {c: [r for r in results if r["config"] == c] for c in configs}
     base_acc = np.mean([r["acc"][-1] for r in by["small"]]) * 100
@@ -193,10 +207,16 @@ def report(results: list[dict], args: argparse.Namespace, out: Path) -> None:
         "",
         "## Final test accuracy (%) per seed", "", *per_seed, "",
         f"Training time of all runs: {sum(r['seconds'] for r in results):.0f} s.", "",
+        f"Raw results: [{raw.name}]({Path(os.path.relpath(raw, out)).as_posix()}); "
+        "`python examples/batch_growth_study.py --from-json "
+        f"{Path(os.path.relpath(raw)).as_posix()} --out {Path(os.path.relpath(out)).as_posix()}`"
+        " redraws this report and its plot from them without training.", "",
         "![accuracy vs epoch and vs communication rounds](batch_growth.png)", ""])
     (out / "batch_growth_study.md").write_text(text)
-    (out / "batch_growth.json").write_text(json.dumps(
-        {"args": {k: v for k, v in vars(args).items() if k not in ("out", "from_json")},
+    raw.parent.mkdir(parents=True, exist_ok=True)
+    raw.write_text(json.dumps(
+        {"args": {k: v for k, v in vars(args).items()
+                  if k not in ("out", "from_json", "json_path")},
          "runs": results}, indent=1))
     plot(by, main, out / "batch_growth.png")
 
@@ -247,13 +267,17 @@ def main() -> None:
     ap.add_argument("--configs", nargs="+", default=POLICIES + SWEEP)
     ap.add_argument("--quick", action="store_true",
                     help="the tests' variant: 1 seed, 4 epochs, small/large/growth every epoch")
+    ap.add_argument("--json", dest="json_path",
+                    help="raw results (default: OUT/batch_growth.json; with --out docs, "
+                         "benchmarks/results/batch_growth/batch_growth.json)")
     ap.add_argument("--from-json", help="redraw the report from a batch_growth.json (no runs)")
     args = ap.parse_args()
     if args.from_json:
         saved = json.loads(Path(args.from_json).read_text())
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        report(saved["runs"], argparse.Namespace(**saved["args"]), out)
+        report(saved["runs"], argparse.Namespace(**saved["args"]), out,
+               raw_path(out, args.json_path))
         print((out / "batch_growth_study.md").read_text())
         return
     args.ranks = hvd.size()
@@ -274,7 +298,7 @@ def main() -> None:
     if hvd.rank() == 0 and "small" in args.configs:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        report(results, args, out)
+        report(results, args, out, raw_path(out, args.json_path))
         print((out / "batch_growth_study.md").read_text())
 
 

@@ -326,13 +326,16 @@ def test_auto_results_rows_ratios_and_rounds():
     assert row["vs_stock"] == pytest.approx(0.9 / 0.45)  # pooled medians: 0.9 and 0.45
     assert row["vs_stock_rounds"] == pytest.approx([2.0, 2.0])
     text = auto_results.markdown([{"strategies": report.summarize(raw), "raw": raw,
-                                   "measured": "2026-12-01 14:00 UTC"}])
+                                   "measured": "2026-12-01 14:00 UTC",
+                                   "source": "../results/auto/run.json"}])
     lo, hi = row["vs_stock_interval"]
     assert 1.6 <= lo < 2.0 < hi <= 2.5  # the rounds differ: the interval spans their mix
     best_lo, best_hi = row["vs_best_interval"]  # layerwise steady at 0.5; auto 0.4 to 0.5
     assert 1.0 <= best_lo < 0.5 / 0.45 < best_hi <= 1.25
     assert (f"| 2.00x | {lo:.2f}-{hi:.2f} | 2.00, 2.00 | 1.11x | ") in text
-    assert "| layerwise, 1.0MiB buckets (2/2) | - | 2026-12-01 14:00 UTC |" in text
+    # the last cell links the run's JSON; when it was measured stays in that file
+    assert "| layerwise, 1.0MiB buckets (2/2) | - | [run.json](../results/auto/run.json) |" \
+        in text and "2026-12-01" not in text
     assert "runs with auto >= 0.98x stock: 1 of 1; within 3% of the best fixed: 1 of 1" in text
     assert row["control"] is None
     # the A/A control: a second stock entry, faster by luck, is not a "best fixed" strategy
@@ -371,13 +374,22 @@ def test_docs_tables_are_commands_of_the_lab(tmp_path):
     md, png = tmp_path / "bench.md", tmp_path / "bench.png"
     res = CliRunner().invoke(main, ["bench-results", str(md), str(png), str(path)])
     assert res.exit_code == 0, res.output
-    assert md.read_text() == results.markdown([run]) and png.read_bytes()[:4] == b"\x89PNG"
+    # each page ends with how to regenerate it: the script, the raw data, the exact command
+    again = results.regenerate("scripts/bench-results", md, f"python -m benchmarks "
+                               f"bench-results {md} {png}", [path])
+    assert md.read_text() == results.markdown([run]) + again
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    assert "](./)" in again and f"bench-results {md} {png} \\\n  {path}\n```" in again
     res = CliRunner().invoke(main, ["exchange-results", str(md), str(path)])
     assert res.exit_code == 0, res.output
     assert md.read_text().startswith("# The dense factor exchange, measured")
+    assert "Measured with `scripts/exchange-bench`" in md.read_text()
     res = CliRunner().invoke(main, ["auto-results", str(md), str(path)])
     assert res.exit_code == 0, res.output
-    assert md.read_text() == auto_results.markdown([run])
+    assert md.read_text() == auto_results.markdown([{**run, "source": "run.json"}]) + \
+        results.regenerate("scripts/auto-bench", md, f"python -m benchmarks auto-results {md}",
+                           [path])
+    assert "| [run.json](run.json) |" in md.read_text()
     assert CliRunner().invoke(main, ["auto-results", str(md)]).exit_code != 0  # no RUN.json
 
 

@@ -139,7 +139,7 @@ def test_a_setting_the_strategy_object_lacks_cannot_be_written():
 def test_objects_keywords_and_the_string_spelling_are_one_strategy(strategy, keywords):
     """The object, the keyword sugar and the string spelling build the same strategy, and the
     wrapped optimizer runs the plan the object describes."""
-    from hvd_overlap.core.choice import parse
+    from hvd_overlap.core.spelling import parse
 
     by_keywords = hvdo.DistributedOptimizer(tf.keras.optimizers.SGD(0.1), **keywords)
     by_object = hvdo.DistributedOptimizer(tf.keras.optimizers.SGD(0.1), strategy=strategy)

@@ -296,6 +296,7 @@ def test_validation_against_a_bench_run(tmp_path):
                                    "--markdown", str(md)])
     assert res.exit_code == 0, res.output
     assert png.read_bytes()[:4] == b"\x89PNG" and "| vgg | plain | horovod |" in md.read_text()
+    assert md.read_text().endswith(f"--markdown {md} --plot {png}\n```\n")
 
 
 def test_calibration_fit():

@@ -6,14 +6,8 @@ for it, so a setting passed where it has no use is a ``TypeError`` when the obje
     Auto()                                 StockHorovod(num_groups=2)
 
 Strings are sugar for the same objects, with one spelling shared by ``DistributedOptimizer``,
-the simulator, the bench and the CLI (:func:`parse`, :meth:`Strategy.spec`)::
-
-    NAME[+OPTION...]   e.g.  sharded+exchange+rows+alltoall,  hybrid+defer=2+bucket=8M
-
-OPTION is ``exchange`` (``exchange=always``), ``gather``/``rows`` (the exchanged kernels'
-forward), ``alltoall`` (slices travel by alltoall), ``auto`` (``bucket_bytes="auto"``),
-``ordered``, ``bucket=BYTES`` (``K``/``M`` suffixes), ``defer=N|auto`` or ``groups=N``
-(stock Horovod's ``num_groups``).
+the simulator, the bench and the CLI: ``hvd_overlap.core.spelling`` (``sharded+exchange+rows``,
+``hybrid+defer=2+bucket=8M``); :meth:`Strategy.spec` writes it.
 
 Pure Python: no TensorFlow, no Horovod. The runtime reads a strategy's plan from
 ``hvd_overlap.core.strategies`` by its ``name`` with :meth:`Strategy.plan_options`.
@@ -109,7 +103,7 @@ class Strategy:
         return out
 
     def spec(self) -> str:
-        """This strategy in the one string spelling (:func:`parse` reads it back)."""
+        """This strategy in the one string spelling (``core.spelling.parse`` reads it back)."""
         return "+".join([self.name, *self._options()])
 
     def _options(self) -> list[str]:
@@ -249,42 +243,6 @@ class Auto(Strategy):
 REGISTRY: dict[str, type[Strategy]] = {c.name: c for c in (
     StockHorovod, Layerwise, Deferred, Hybrid, Sharded, ShardedHybrid, Auto)}
 
-#: ``DistributedOptimizer``'s plan keywords -> (the field they set, its default).
-KEYWORDS: dict[str, tuple[str, object]] = {
-    "bucket_bytes": ("bucket_bytes", DEFAULT_BUCKET_BYTES), "ordered": ("ordered", False),
-    "defer": ("defer", None), "gather_with": ("gather_with", GATHER_METHODS[0]),
-    "exchange": ("exchange", NEVER), "exchange_forward": ("exchange", AUTO),
-    "num_groups": ("num_groups", 0), "groups": ("groups", None),
-}
-
-
-_HINTS = {
-    "groups": " (stock Horovod's manual grouping; the plan groups by bucket_bytes instead)",
-    "num_groups": " (stock Horovod's manual grouping; the plan groups by bucket_bytes instead)",
-    ("auto", "bucket_bytes"): " (auto chooses bucket_bytes and defer itself; to fix them, name "
-                              "the strategy, e.g. Hybrid(bucket_bytes=8 << 20, defer='auto'))",
-    ("auto", "defer"): " (auto chooses bucket_bytes and defer itself; to fix them, name the "
-                       "strategy, e.g. Hybrid(bucket_bytes=8 << 20, defer='auto'))",
-    ("sharded", "defer"): " (sharded gathers every slice in the next forward; "
-                          "ShardedHybrid(defer=N) gathers N input-side buckets there)",
-}
-
-
-def _settable(cls: type[Strategy]) -> list[str]:
-    return [f.name for f in dataclasses.fields(cls)]
-
-
-def _make(cls: type[Strategy], settings: dict[str, object]) -> Strategy:
-    """``cls(**settings)``, a setting it has no use for refused naming who takes it."""
-    for key in settings:
-        if key not in _settable(cls):
-            takers = [n for n, c in REGISTRY.items() if key in _settable(c)]
-            raise TypeError(f"strategy {cls.name!r} has no setting {key!r}"
-                            + (f"; it applies to {', '.join(takers)}" if takers else "")
-                            + _HINTS.get((cls.name, key), _HINTS.get(key, "")))
-    return cls(**settings)
-
-
 def get(name: str) -> type[Strategy]:
     """The strategy class called ``name``, or a ValueError listing the names."""
     try:
@@ -294,79 +252,22 @@ def get(name: str) -> type[Strategy]:
                          f"{', '.join(sorted(REGISTRY))}") from None
 
 
-def parse(text: str) -> Strategy:
-    """The strategy a string spells (``NAME[+OPTION...]``, module docstring)."""
-    name, *options = str(text).split("+")
-    cls = get(name)
-    settings: dict[str, object] = {}
-    exchange: dict[str, str] = {}
-    for option in options:
-        key, _, value = option.partition("=")
-        if key == "exchange":
-            exchange["layers"] = value or AUTO
-        elif key in ("gather", "rows") and not value:
-            exchange["forward"] = key
-        elif key in GATHER_METHODS and not value:
-            settings["gather_with"] = key
-        elif key == AUTO and not value:
-            settings["bucket_bytes"] = AUTO
-        elif key == "ordered" and not value:
-            settings["ordered"] = True
-        elif key == "bucket" and value:
-            settings["bucket_bytes"] = value if value == AUTO else _parse_bytes(value, text)
-        elif key == "groups" and value:
-            settings["num_groups"] = _parse_int(value, text)
-        elif key == "defer" and value:
-            settings["defer"] = value if value == AUTO else _parse_int(value, text)
-        else:
-            raise ValueError(f"strategy {text!r}: unknown option {option!r} (options: exchange, "
-                             "exchange=always, gather, rows, alltoall, auto, ordered, "
-                             "bucket=BYTES, defer=N|auto, groups=N)")
-    if exchange:
-        if "layers" not in exchange:
-            raise ValueError(f"strategy {text!r}: {exchange['forward']!r} is the exchange's "
-                             "forward; add +exchange")
-        settings["exchange"] = Exchange(**exchange)
-    return _make(cls, settings)
-
-
-def resolve(strategy: str | Strategy, **keywords: object) -> Strategy:
-    """The strategy of ``DistributedOptimizer(strategy=..., **keywords)``: an object as given,
-    or a string with the plan keywords that differ from their defaults (``KEYWORDS``)."""
-    given = {k: v for k, v in keywords.items() if v is not KEYWORDS[k][1]
-             and not (v == KEYWORDS[k][1] and type(v) is type(KEYWORDS[k][1]))}
-    if isinstance(strategy, Strategy):
-        if given:
-            raise TypeError(f"{', '.join(given)} given beside a strategy object: pass them to "
-                            f"{type(strategy).__name__}(...) itself")
-        return strategy
-    if isinstance(strategy, type) and issubclass(strategy, Strategy):
-        strategy = strategy.name
-    if not isinstance(strategy, str):
-        raise TypeError(f"strategy must be a name or a strategy object (hvd_overlap.Layerwise, "
-                        f"...), got {strategy!r}")
-    base = parse(strategy)
-    settings = {f.name: getattr(base, f.name) for f in dataclasses.fields(base)
-                if getattr(base, f.name) != f.default}
-    forward = given.pop("exchange_forward", AUTO)
-    if "exchange" in given:
-        layers = given.pop("exchange")
-        if layers != NEVER:
-            if layers not in (AUTO, ALWAYS):
-                raise ValueError(f"exchange={layers!r}: choose one of never, auto, always")
-            settings["exchange"] = Exchange(str(layers), str(forward))
-        else:
-            settings.pop("exchange", None)
-    elif forward != AUTO:
-        if isinstance(settings.get("exchange"), Exchange):
-            settings["exchange"] = dataclasses.replace(settings["exchange"], forward=forward)
-        else:
-            Exchange(forward=str(forward))  # a bad mode is a ValueError first
-            raise TypeError("exchange_forward goes with exchange ('auto' or 'always') on a "
-                            "sharded strategy; add exchange=")
-    for key, value in given.items():
-        settings[KEYWORDS[key][0]] = value
-    return _make(type(base), settings)
+def for_accumulation(chosen: Strategy) -> Strategy:
+    """The strategy that runs with ``backward_passes_per_step > 1``, which sums several passes
+    before one reduction, within the pass that completes them (as Horovod): nothing is left to
+    defer into the next forward or to shard, so a strategy that would do either runs as
+    ``Layerwise`` (``Auto``: as ``StockHorovod``, stock's fusion), with the same weights."""
+    if not (chosen.defers or chosen.shards):
+        if chosen.tuned:
+            raise ValueError("'auto' times and switches plans step by step, which "
+                             "backward_passes_per_step > 1 does not combine with; pass a "
+                             "bucket size for gradient accumulation")
+        return chosen
+    if isinstance(chosen, Auto):
+        return StockHorovod()
+    size = getattr(chosen, "bucket_bytes", DEFAULT_BUCKET_BYTES)
+    return Layerwise(bucket_bytes=DEFAULT_BUCKET_BYTES if size == AUTO else size,
+                     ordered=getattr(chosen, "ordered", False))
 
 
 def _fmt_bytes(n: int) -> str:
@@ -376,17 +277,5 @@ def _fmt_bytes(n: int) -> str:
     return str(n)
 
 
-def _parse_bytes(value: str, text: str) -> int:
-    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(value[-1:].upper(), 1)
-    return _parse_int(value[:-1] if scale > 1 else value, text) * scale
-
-
-def _parse_int(value: str, text: str) -> int:
-    try:
-        return int(value)
-    except ValueError:
-        raise ValueError(f"strategy {text!r}: {value!r} is not a whole number") from None
-
-
 __all__ = ["Auto", "Deferred", "Exchange", "Hybrid", "Layerwise", "REGISTRY", "Sharded",
-           "ShardedHybrid", "StockHorovod", "Strategy", "get", "parse", "resolve"]
+           "ShardedHybrid", "StockHorovod", "Strategy", "for_accumulation", "get"]

@@ -12,7 +12,8 @@ from hvd_overlap.core.choice import (
 )
 from hvd_overlap.growth.callback import BatchSizeScheduler
 from hvd_overlap.keras.callbacks import OverlapCallback
-from hvd_overlap.keras.optimizer import DistributedOptimizer, load_model
+from hvd_overlap.keras.loading import load_model
+from hvd_overlap.keras.optimizer import DistributedOptimizer
 
 __all__ = ["Auto", "BatchSizeScheduler", "Deferred", "DistributedOptimizer", "Exchange",
            "Hybrid", "Layerwise", "OverlapCallback", "Sharded", "ShardedHybrid", "StockHorovod",

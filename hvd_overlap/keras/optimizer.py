@@ -19,13 +19,14 @@ import horovod.tensorflow as hvd
 from hvd_overlap.comm.methods import CommSettings, GradientMethod, SliceMethod, default_method
 from hvd_overlap.comm.planner import Planner
 from hvd_overlap.core.autoplan import Candidate
-from hvd_overlap.core.choice import Auto, Layerwise, StockHorovod, Strategy, resolve
+from hvd_overlap.core.choice import Auto, StockHorovod, Strategy, for_accumulation
 from hvd_overlap.core.plan import DEFAULT_BUCKET_BYTES, Plan
 from hvd_overlap.core.sharding import ShardLayout
+from hvd_overlap.core.spelling import resolve
 from hvd_overlap.core.strategies import get_strategy
 from hvd_overlap.keras import _compat
 from hvd_overlap.keras.executors import Executor, Plain, make_executor
-from hvd_overlap.keras.executors.auto import AUTO, AutoExecutor, auto_choices
+from hvd_overlap.keras.executors.auto import AutoExecutor, auto_choices
 from hvd_overlap.keras.train_step import OverlapTrainStep
 from hvd_overlap.keras.validation import (
     validate,
@@ -282,7 +283,7 @@ def DistributedOptimizer(  # noqa: N802 -- same name as Horovod's factory
     ``strategy``: an object of ``hvd_overlap.core.choice`` (``Layerwise()``, ``Deferred()``,
     ``Hybrid()``, ``Sharded()``, ``ShardedHybrid()``, ``Auto()``, ``StockHorovod()``), each
     taking only the settings it uses, or its name (``"sharded+exchange"``: the one string
-    spelling, ``hvd_overlap.core.choice.parse``). With a name, ``bucket_bytes``, ``ordered``,
+    spelling, ``hvd_overlap.core.spelling.parse``). With a name, ``bucket_bytes``, ``ordered``,
     ``defer``, ``gather_with``, ``exchange``, ``exchange_forward``, ``num_groups`` and
     ``groups`` are sugar for the object's settings: one a strategy has no use for is a
     ``TypeError``. ``process_set`` must be the global one; ``scale_local_gradients`` as
@@ -352,21 +353,10 @@ def DistributedOptimizer(  # noqa: N802 -- same name as Horovod's factory
 
 
 def _accumulating_plan(chosen: Strategy, passes: int) -> Strategy:
-    """``backward_passes_per_step > 1`` sums several passes before one reduction, within the
-    pass that completes them (as Horovod): nothing is left to defer into the next forward or to
-    shard. A strategy that would do either runs as ``Layerwise`` (``Auto``: as
-    ``StockHorovod``, stock's fusion), with the same weights, and says so once (rank 0)."""
-    if not (chosen.defers or chosen.shards):
-        if chosen.tuned:
-            raise ValueError("'auto' times and switches plans step by step, which "
-                             "backward_passes_per_step > 1 does not combine with; pass a "
-                             "bucket size for gradient accumulation")
-        return chosen
-    size = getattr(chosen, "bucket_bytes", DEFAULT_BUCKET_BYTES)
-    instead: Strategy = StockHorovod() if isinstance(chosen, Auto) else Layerwise(
-        bucket_bytes=DEFAULT_BUCKET_BYTES if size == AUTO else size,
-        ordered=getattr(chosen, "ordered", False))
-    if hvd.is_initialized() and hvd.rank() == 0:
+    """``backward_passes_per_step > 1``: the strategy that runs (``choice.for_accumulation``),
+    said once (rank 0) where it is not the one asked for."""
+    instead = for_accumulation(chosen)
+    if instead is not chosen and hvd.is_initialized() and hvd.rank() == 0:
         warnings.warn(
             f"hvd_overlap: strategy {chosen.name!r} with backward_passes_per_step={passes} runs "
             f"as strategy={instead.name!r}: the summed gradients are reduced once every "
@@ -375,32 +365,3 @@ def _accumulating_plan(chosen: Strategy, passes: int) -> Strategy:
             "optimizer with backward_passes_per_step=1 (hvd_overlap.growth.data."
             "enable_gradient_accumulation)", stacklevel=3)
     return instead
-
-
-def load_model(filepath, custom_optimizers=None, custom_objects=None, compile: bool = True,
-               legacy_opts: bool = False, **options):
-    """Load a saved model whose optimizer comes back wrapped, with its saved state, as
-    ``hvd.load_model`` does: ``DistributedOptimizer(<saved optimizer>, **options)``
-    (``strategy=`` and the other keywords of ``DistributedOptimizer``). A plain
-    ``tf.keras.models.load_model`` gives the plain optimizer, which no longer averages.
-    ``legacy_opts``: the file holds a ``tf.keras.optimizers.legacy`` optimizer."""
-    import tensorflow as tf
-
-    module = tf.keras.optimizers.legacy if legacy_opts else tf.keras.optimizers
-    classes = {name: c for name, c in vars(module).items()  # SGD, Adam, ... of that family
-               if isinstance(c, type) and issubclass(c, module.Optimizer)
-               and c is not module.Optimizer and "LossScale" not in name}
-    classes.update({c.__name__: c for c in custom_optimizers or ()})
-    objects = {name: _Wrapping(c, options) for name, c in classes.items()}
-    objects.update(custom_objects or {})
-    return tf.keras.models.load_model(filepath, custom_objects=objects, compile=compile)
-
-
-class _Wrapping:
-    """What ``load_model``'s custom objects resolve an optimizer's class name to."""
-
-    def __init__(self, cls: type, options: dict):
-        self.cls, self.options = cls, options
-
-    def from_config(self, config, custom_objects=None):
-        return DistributedOptimizer(self.cls.from_config(config), **self.options)

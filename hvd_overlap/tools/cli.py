@@ -38,8 +38,8 @@ def plan(model_file: str, strategy: str, bucket_bytes: int | None, exchange: str
     import tensorflow as tf
 
     from hvd_overlap.comm.planner import var_specs
-    from hvd_overlap.core.choice import resolve
     from hvd_overlap.core.exchange import NEVER, DenseShape, label_exchange
+    from hvd_overlap.core.spelling import resolve
     from hvd_overlap.core.strategies import get_strategy
 
     try:

@@ -17,7 +17,7 @@ import numpy as np
 import tensorflow as tf
 
 import hvd_overlap.keras as hvdo
-from hvd_overlap.core import choice
+from hvd_overlap.core import choice, spelling
 
 BATCH = 16
 STEPS_PER_EPOCH = 12
@@ -192,7 +192,7 @@ def ours(strategy: str, **kw):
     ``"horovod"``, a ``TypeError`` if passed) are left out, so one call covers every strategy."""
     fields = {f.name for f in dataclasses.fields(choice.get(strategy.split("+")[0]))}
     kw = {k: v for k, v in kw.items()
-          if k not in choice.KEYWORDS or choice.KEYWORDS[k][0] in fields}
+          if k not in spelling.KEYWORDS or spelling.KEYWORDS[k][0] in fields}
     return lambda opt: hvdo.DistributedOptimizer(opt, strategy=strategy, **kw)
 
 

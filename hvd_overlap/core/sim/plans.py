@@ -15,7 +15,6 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from hvd_overlap.core.choice import parse
 from hvd_overlap.core.exchange import AUTO, GATHER, NEVER, ROWS, DenseShape, label_exchange
 from hvd_overlap.core.plan import (
     BACKWARD,
@@ -27,6 +26,7 @@ from hvd_overlap.core.plan import (
     itemsize,
 )
 from hvd_overlap.core.sim.profile import Profile
+from hvd_overlap.core.spelling import parse
 from hvd_overlap.core.strategies import STRATEGIES as _STRATEGIES
 from hvd_overlap.core.strategies import PlanOptions, get_strategy
 
@@ -58,7 +58,7 @@ class StepBucket:
 
 def exchange_mode(strategy: str) -> tuple[str, str, str]:
     """The runtime strategy and ``exchange`` and ``exchange_forward`` keywords of a simulator
-    strategy, read by the one strategy parser (``hvd_overlap.core.choice.parse``):
+    strategy, read by the one strategy parser (``hvd_overlap.core.spelling.parse``):
     ``sharded+exchange`` -> ``("sharded", "auto", "auto")``, ``sharded+exchange+rows`` ->
     ``("sharded", "auto", "rows")``, ``sharded`` -> ``("sharded", "never", "auto")``."""
     if strategy.endswith(_COST_CHOICE):

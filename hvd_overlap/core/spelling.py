@@ -1,0 +1,145 @@
+"""The one string spelling of a strategy, and ``DistributedOptimizer``'s keyword sugar.
+
+    NAME[+OPTION...]   e.g.  sharded+exchange+rows+alltoall,  hybrid+defer=2+bucket=8M
+
+OPTION is ``exchange`` (``exchange=always``), ``gather``/``rows`` (the exchanged kernels'
+forward), ``alltoall`` (slices travel by alltoall), ``auto`` (``bucket_bytes="auto"``),
+``ordered``, ``bucket=BYTES`` (``K``/``M`` suffixes), ``defer=N|auto`` or ``groups=N``
+(stock Horovod's ``num_groups``). :func:`parse` reads it (``Strategy.spec`` writes it);
+:func:`resolve` turns ``DistributedOptimizer(strategy=..., **keywords)`` into one object. Both
+refuse a setting the strategy has no use for with a ``TypeError`` naming who takes it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from hvd_overlap.core.choice import REGISTRY, Exchange, Strategy, get
+from hvd_overlap.core.exchange import ALWAYS, AUTO, NEVER
+from hvd_overlap.core.plan import DEFAULT_BUCKET_BYTES, GATHER_METHODS
+
+#: ``DistributedOptimizer``'s plan keywords -> (the field they set, its default).
+KEYWORDS: dict[str, tuple[str, object]] = {
+    "bucket_bytes": ("bucket_bytes", DEFAULT_BUCKET_BYTES), "ordered": ("ordered", False),
+    "defer": ("defer", None), "gather_with": ("gather_with", GATHER_METHODS[0]),
+    "exchange": ("exchange", NEVER), "exchange_forward": ("exchange", AUTO),
+    "num_groups": ("num_groups", 0), "groups": ("groups", None),
+}
+
+
+_HINTS = {
+    "groups": " (stock Horovod's manual grouping; the plan groups by bucket_bytes instead)",
+    "num_groups": " (stock Horovod's manual grouping; the plan groups by bucket_bytes instead)",
+    ("auto", "bucket_bytes"): " (auto chooses bucket_bytes and defer itself; to fix them, name "
+                              "the strategy, e.g. Hybrid(bucket_bytes=8 << 20, defer='auto'))",
+    ("auto", "defer"): " (auto chooses bucket_bytes and defer itself; to fix them, name the "
+                       "strategy, e.g. Hybrid(bucket_bytes=8 << 20, defer='auto'))",
+    ("sharded", "defer"): " (sharded gathers every slice in the next forward; "
+                          "ShardedHybrid(defer=N) gathers N input-side buckets there)",
+}
+
+
+def _settable(cls: type[Strategy]) -> list[str]:
+    return [f.name for f in dataclasses.fields(cls)]
+
+
+def _make(cls: type[Strategy], settings: dict[str, object]) -> Strategy:
+    """``cls(**settings)``, a setting it has no use for refused naming who takes it."""
+    for key in settings:
+        if key not in _settable(cls):
+            takers = [n for n, c in REGISTRY.items() if key in _settable(c)]
+            raise TypeError(f"strategy {cls.name!r} has no setting {key!r}"
+                            + (f"; it applies to {', '.join(takers)}" if takers else "")
+                            + _HINTS.get((cls.name, key), _HINTS.get(key, "")))
+    return cls(**settings)
+
+
+def parse(text: str) -> Strategy:
+    """The strategy a string spells (``NAME[+OPTION...]``, module docstring)."""
+    name, *options = str(text).split("+")
+    cls = get(name)
+    settings: dict[str, object] = {}
+    exchange: dict[str, str] = {}
+    for option in options:
+        key, _, value = option.partition("=")
+        if key == "exchange":
+            exchange["layers"] = value or AUTO
+        elif key in ("gather", "rows") and not value:
+            exchange["forward"] = key
+        elif key in GATHER_METHODS and not value:
+            settings["gather_with"] = key
+        elif key == AUTO and not value:
+            settings["bucket_bytes"] = AUTO
+        elif key == "ordered" and not value:
+            settings["ordered"] = True
+        elif key == "bucket" and value:
+            settings["bucket_bytes"] = value if value == AUTO else _parse_bytes(value, text)
+        elif key == "groups" and value:
+            settings["num_groups"] = _parse_int(value, text)
+        elif key == "defer" and value:
+            settings["defer"] = value if value == AUTO else _parse_int(value, text)
+        else:
+            raise ValueError(f"strategy {text!r}: unknown option {option!r} (options: exchange, "
+                             "exchange=always, gather, rows, alltoall, auto, ordered, "
+                             "bucket=BYTES, defer=N|auto, groups=N)")
+    if exchange:
+        if "layers" not in exchange:
+            raise ValueError(f"strategy {text!r}: {exchange['forward']!r} is the exchange's "
+                             "forward; add +exchange")
+        settings["exchange"] = Exchange(**exchange)
+    return _make(cls, settings)
+
+
+def resolve(strategy: str | Strategy, **keywords: object) -> Strategy:
+    """The strategy of ``DistributedOptimizer(strategy=..., **keywords)``: an object as given,
+    or a string with the plan keywords that differ from their defaults (``KEYWORDS``)."""
+    given = {k: v for k, v in keywords.items() if v is not KEYWORDS[k][1]
+             and not (v == KEYWORDS[k][1] and type(v) is type(KEYWORDS[k][1]))}
+    if isinstance(strategy, Strategy):
+        if given:
+            raise TypeError(f"{', '.join(given)} given beside a strategy object: pass them to "
+                            f"{type(strategy).__name__}(...) itself")
+        return strategy
+    if isinstance(strategy, type) and issubclass(strategy, Strategy):
+        strategy = strategy.name
+    if not isinstance(strategy, str):
+        raise TypeError(f"strategy must be a name or a strategy object (hvd_overlap.Layerwise, "
+                        f"...), got {strategy!r}")
+    base = parse(strategy)
+    settings = {f.name: getattr(base, f.name) for f in dataclasses.fields(base)
+                if getattr(base, f.name) != f.default}
+    forward = given.pop("exchange_forward", AUTO)
+    if "exchange" in given:
+        layers = given.pop("exchange")
+        if layers != NEVER:
+            if layers not in (AUTO, ALWAYS):
+                raise ValueError(f"exchange={layers!r}: choose one of never, auto, always")
+            settings["exchange"] = Exchange(str(layers), str(forward))
+        else:
+            settings.pop("exchange", None)
+    elif forward != AUTO:
+        if isinstance(settings.get("exchange"), Exchange):
+            settings["exchange"] = dataclasses.replace(settings["exchange"], forward=forward)
+        else:
+            Exchange(forward=str(forward))  # a bad mode is a ValueError first
+            raise TypeError("exchange_forward goes with exchange ('auto' or 'always') on a "
+                            "sharded strategy; add exchange=")
+    for key, value in given.items():
+        settings[KEYWORDS[key][0]] = value
+    return _make(type(base), settings)
+
+
+def _parse_bytes(value: str, text: str) -> int:
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(value[-1:].upper(), 1)
+    return _parse_int(value[:-1] if scale > 1 else value, text) * scale
+
+
+def _parse_int(value: str, text: str) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"strategy {text!r}: {value!r} is not a whole number") from None
+
+
+
+__all__ = ["KEYWORDS", "parse", "resolve"]

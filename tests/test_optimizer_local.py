@@ -595,7 +595,7 @@ def test_hybrid_with_no_gradient_in_the_deferred_bucket_counts_each_step_once():
 def test_auto_pools_hold_only_what_the_setting_allows():
     from hvd_overlap.comm.planner import var_specs
     from hvd_overlap.core.autoplan import Candidate, profile_from_specs
-    from hvd_overlap.keras.executors.auto import auto_choices
+    from hvd_overlap.keras.executors.auto_pool import auto_choices
 
     wide = tf.keras.Sequential([tf.keras.layers.Dense(1024, input_shape=(1024,)),
                                 tf.keras.layers.Dense(1024), tf.keras.layers.Dense(10)])

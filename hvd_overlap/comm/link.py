@@ -7,11 +7,14 @@ and the ranks average the results, so every rank fits the same link.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 
 import horovod.tensorflow as hvd
 import tensorflow as tf
+
+from hvd_overlap.core.sim.cluster import Cluster
 
 #: the larger probe: long enough on a fast link to see its bandwidth, short on a slow one
 PROBE_BYTES = 4 * 2**20
@@ -61,3 +64,11 @@ def measure_link(name: str, repeats: int = 4, probe_bytes: int = PROBE_BYTES) ->
     ring_bytes = 2 * (p - 1) / p * probe_bytes if p > 1 else probe_bytes
     return Link(ranks=p, per_collective_s=small,
                 bandwidth=ring_bytes / max(large - small, 1e-6))
+
+
+def cluster_of(link: Link) -> Cluster:
+    """The simulator's cluster for a measured link: the fixed cost of a collective is Horovod's
+    per-cycle cost at this number of ranks, the ring bandwidth the measured one."""
+    grow = math.log2(link.ranks) if link.ranks > 1 else 1.0
+    return Cluster(ranks=link.ranks, bandwidth=link.bandwidth,
+                   negotiation_s=link.per_collective_s / grow)

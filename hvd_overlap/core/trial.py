@@ -18,6 +18,48 @@ MARGIN = 0.01
 
 
 @dataclass
+class TrialClock:
+    """The timing of one trial after another, each ``length`` steps long, the same on every
+    rank: the steady steps are timed (not the first ``skip_first`` of a trial, not an unusable
+    one, nor a step that traced and the ``skip_after_trace`` after it), and when a trial ends
+    the ranks agree on its step -- the mean over the ranks that timed any of each one's median;
+    ``math.inf`` if none could. The one trial machine: ``Trials`` below and
+    ``strategy="auto"``'s executor both count and time their trials with it."""
+
+    length: int
+    agree: Callable[[list[float]], list[float]]  # the ranks' average of a few numbers
+    skip_first: int = 0
+    skip_after_trace: int = 0
+    _steps: int = 0
+    _skip: int = 0
+    _samples: list[float] = field(default_factory=list)
+
+    def observe(self, seconds: float, usable: bool = True, traced: bool = False
+                ) -> float | None:
+        """Count one step (``traced``: it traced a train function); the agreed step of the
+        trial if this step ended it."""
+        self._steps += 1
+        if self._steps <= self.skip_first:
+            pass
+        elif traced:  # this step traced: never timed, nor the next few
+            self._skip = self.skip_after_trace
+        elif self._skip:
+            self._skip -= 1
+        elif usable:
+            self._samples.append(seconds)
+        if self._steps < self.length:
+            return None
+        mine = [statistics.median(self._samples), 1.0] if self._samples else [0.0, 0.0]
+        total, timed = self.agree(mine)
+        self.restart()
+        return total / timed if timed else math.inf
+
+    def restart(self) -> None:
+        """Start a new trial (its steps and samples from zero)."""
+        self._steps, self._samples = 0, []
+
+
+@dataclass
 class Trials:
     """Which of ``names`` runs now (``current``), what each measured, and whether the check
     is over (``settled``)."""
@@ -31,8 +73,10 @@ class Trials:
     current: int = 0
     measured: dict[str, float] = field(default_factory=dict)
     settled: bool = False
-    _steps: int = 0
-    _samples: list[float] = field(default_factory=list)
+    _clock: TrialClock | None = None
+
+    def __post_init__(self) -> None:
+        self._clock = TrialClock(self.warm + self.timed, self.agree, skip_first=self.warm)
 
     @property
     def running(self) -> str:
@@ -43,15 +87,10 @@ class Trials:
         switch to now, if any."""
         if self.settled:
             return None
-        self._steps += 1
-        if self._steps > self.warm and usable:
-            self._samples.append(seconds)
-        if self._steps < self.warm + self.timed:
+        step = self._clock.observe(seconds, usable)
+        if step is None:
             return None
-        mine = [statistics.median(self._samples), 1.0] if self._samples else [0.0, 0.0]
-        total, timed = self.agree(mine)
-        self.measured[self.running] = total / timed if timed else math.inf
-        self._steps, self._samples = 0, []
+        self.measured[self.running] = step
         if self.current + 1 < len(self.names):
             self.current += 1
             return self.running

@@ -9,6 +9,7 @@ import time
 import tensorflow as tf
 
 from hvd_overlap.keras import _compat
+from hvd_overlap.keras.executors.step_state import StepKind
 
 __all__ = ["OverlapCallback"]
 
@@ -39,8 +40,8 @@ class OverlapCallback(tf.keras.callbacks.Callback):
         self.gather_state = gather_state
         self._patched = False
         self._replaced = None
-        self._landing = False
-        self._functions: dict = {}
+        self._kind = StepKind.DEFER  # what the train function traced next does at its end
+        self._functions: dict[StepKind, object] = {}
         self._started = 0.0
         self._steps_done = 0  # in this fit, across epochs (as ModelCheckpoint's save_freq)
 
@@ -60,7 +61,9 @@ class OverlapCallback(tf.keras.callbacks.Callback):
         def train_step(data):
             opt.pre_forward()
             out = original(data)
-            if self._landing:  # read when traced: this function lands its own update too
+            # Python runs when the train function is traced: each of the two functions
+            # (``_make_train_functions``) is traced at its first call, with its own kind
+            if self._kind is StepKind.LAND:
                 opt.pre_forward()
             return out
 
@@ -81,8 +84,8 @@ class OverlapCallback(tf.keras.callbacks.Callback):
         after which someone may read the weights (every ``flush_every``-th batch, the last of
         an epoch), so that a checkpoint there is current whatever the callbacks' order. ``fit``
         made its train function before ``on_train_begin`` and reads it again every step."""
-        self._functions = {land: self.model.make_train_function(force=True)
-                           for land in (False, True)}
+        self._functions = {kind: self.model.make_train_function(force=True)
+                           for kind in StepKind}
 
     def _checkpoint_due(self, batch: int) -> bool:
         """After every ``flush_every``-th step of the fit, counted across epochs as
@@ -93,8 +96,8 @@ class OverlapCallback(tf.keras.callbacks.Callback):
 
     def on_train_batch_begin(self, batch, logs=None):
         if self._patched:
-            self._landing = self._checkpoint_due(batch)
-            _compat.set_train_function(self.model, self._functions[self._landing])
+            self._kind = StepKind.LAND if self._checkpoint_due(batch) else StepKind.DEFER
+            _compat.set_train_function(self.model, self._functions[self._kind])
         self._started = time.perf_counter()
 
     def on_train_batch_end(self, batch, logs=None):
@@ -103,7 +106,7 @@ class OverlapCallback(tf.keras.callbacks.Callback):
             # steady steps only: the first of an epoch follows a flush, a landing step lands
             # twice
             opt.observe_step(time.perf_counter() - self._started,
-                             usable=batch > 0 and not self._landing)
+                             usable=batch > 0 and self._kind is StepKind.DEFER)
             if opt.take_retrace():  # the first trace could not defer yet
                 self._make_train_functions()
             if self._checkpoint_due(batch):

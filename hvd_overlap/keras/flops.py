@@ -12,6 +12,9 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import tensorflow as tf
+
+from hvd_overlap.core.plan import layer_of
 
 
 def shape_of(s: Any) -> tuple[int, ...]:
@@ -61,3 +64,33 @@ def dense_kernel(layer: Any) -> tuple[int, int] | None:
         return None
     n_in, n_out = (int(d) for d in layer.kernel.shape)
     return (n_in, n_out) if rows else None
+
+
+def layer_flops_by_name(model: Any) -> dict[str, float]:
+    """Forward FLOPs at batch 1 of every layer with trainable weights, by the layer name its
+    variables carry (``core.plan.layer_of``); a layer without weights adds its FLOPs to the next
+    one that has some. Layers whose shapes are unknown (subclassed models) are left out."""
+    out: dict[str, float] = {}
+    carried = 0.0
+    for layer in _leaf_layers(model):
+        try:
+            f = float(layer_flops(layer, 1))
+        except Exception:  # noqa: BLE001 -- no static shapes: leave it to the parameter count
+            f = 0.0
+        weights = layer.trainable_weights
+        if weights:
+            out[layer_of(weights[0].name)] = f + carried if f else 0.0
+            carried = 0.0
+        else:
+            carried += f
+    return {k: v for k, v in out.items() if v > 0}
+
+
+def _leaf_layers(layer: Any):
+    subs = getattr(layer, "layers", None)
+    if not subs:
+        if not isinstance(layer, tf.keras.layers.InputLayer):
+            yield layer
+        return
+    for sub in subs:
+        yield from _leaf_layers(sub)

@@ -26,7 +26,9 @@ from hvd_overlap.core.spelling import resolve
 from hvd_overlap.core.strategies import get_strategy
 from hvd_overlap.keras import _compat
 from hvd_overlap.keras.executors import Executor, Plain, make_executor
-from hvd_overlap.keras.executors.auto import AutoExecutor, auto_choices
+from hvd_overlap.keras.executors.auto import AutoExecutor
+from hvd_overlap.keras.executors.auto_pool import auto_choices
+from hvd_overlap.keras.executors.step_state import Gradients
 from hvd_overlap.keras.train_step import OverlapTrainStep
 from hvd_overlap.keras.validation import (
     validate,
@@ -95,22 +97,15 @@ class _DistributedMixin:
         grads_and_vars = list(grads_and_vars)
         grads = [g for g, _ in grads_and_vars]
         variables = [v for _, v in grads_and_vars]
-        reduced, self._hvdo.returned_global = self._hvdo.returned_global, False
-        return self._hvdo.apply_gradients(grads, variables, args, kwargs, reduced=reduced)
+        return self._hvdo.apply_gradients(grads, variables, args, kwargs,
+                                          gradients=self._hvdo.handoff.take())
 
-    # -- where Keras computes gradients ---------------------------------------------------------
-    # ``minimize`` (model.fit's path) keeps them local: apply_gradients reduces them with the
-    # strategy's overlap. Called directly -- by your code, or by the LossScaleOptimizer of mixed
-    # precision, whose finiteness check must see the same gradients on every rank --
-    # compute_gradients returns global gradients, as stock Horovod's does, and the following
-    # apply_gradients sends nothing again.
+    # -- where Keras computes gradients: local inside minimize, global when called directly
+    # (``executors.step_state.Handoff`` says why) ------------------------------------------------
 
     def minimize(self, loss, var_list, *args, **kwargs):
-        self._hvdo.local_compute = True
-        try:
+        with self._hvdo.handoff.minimizing():
             return super().minimize(loss, var_list, *args, **kwargs)
-        finally:
-            self._hvdo.local_compute = False
 
     def compute_gradients(self, loss, var_list, tape=None):
         return self._hvdo_global(super().compute_gradients(loss, var_list, tape=tape))
@@ -139,12 +134,14 @@ class _DistributedMixin:
         return [g for g, _ in self._hvdo_global(list(zip(grads, params, strict=True)))]
 
     def _hvdo_global(self, grads_and_vars):
+        """What ``compute_gradients`` returns: global gradients, except inside ``minimize``."""
         grads_and_vars = list(grads_and_vars)
-        if self._hvdo.local_compute:
+        handoff = self._hvdo.handoff
+        if handoff.computes is Gradients.LOCAL:
             return grads_and_vars
         variables = [v for _, v in grads_and_vars]
         grads = self._hvdo.reduce_now([g for g, _ in grads_and_vars], variables)
-        self._hvdo.returned_global = True
+        handoff.returned(Gradients.GLOBAL)
         return list(zip(grads, variables, strict=True))
 
     def pre_forward(self) -> None:

@@ -119,7 +119,7 @@ def test_online_check_between_rows_and_gather_matches_stock(kept):
     """``exchange_forward="auto"``: the cost model puts the 1024x1024 kernel's forward on the
     rows; the online check runs that, then the gather, then keeps one (forced here, both
     ways): every switch lands the pending update first, so the weights equal stock's."""
-    from hvd_overlap.keras.exchange import DenseExchanges
+    from hvd_overlap.keras.exchange_choice import DenseExchanges
 
     DenseExchanges.forced_forward = kept
     try:

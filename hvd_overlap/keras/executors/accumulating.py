@@ -15,6 +15,7 @@ import tensorflow as tf
 
 from hvd_overlap.comm.methods import Grad
 from hvd_overlap.keras.executors.immediate import ImmediateExecutor
+from hvd_overlap.keras.executors.step_state import Gradients
 from hvd_overlap.keras.state_scope import plugin_state
 
 
@@ -94,11 +95,12 @@ class AccumulatingExecutor(ImmediateExecutor):
         return out
 
     def apply_gradients(self, grads: list[Grad], variables: list[tf.Variable],
-                        args: tuple, kwargs: dict, reduced: bool = False) -> Any:
+                        args: tuple, kwargs: dict,
+                        gradients: Gradients = Gradients.LOCAL) -> Any:
         def count_pass():
             return tf.group(self.opt.iterations.assign_add(1))
 
-        if reduced:  # from reduce_now: apply right after a reduction (the count restarted)
+        if gradients is Gradients.GLOBAL:  # from reduce_now: apply right after a reduction
             def apply():
                 self.plain.apply_gradients(list(zip(grads, variables, strict=True)),
                                            *args, **kwargs)
@@ -108,8 +110,8 @@ class AccumulatingExecutor(ImmediateExecutor):
         _, accs, count = self._accumulate(grads, variables)
 
         def communicate_and_apply():
-            reduced, restart = self._reduce_sums(accs, variables)
-            self.plain.apply_gradients(list(zip(reduced, variables, strict=True)),
+            sums, restart = self._reduce_sums(accs, variables)
+            self.plain.apply_gradients(list(zip(sums, variables, strict=True)),
                                        *args, **kwargs)
             return restart
 

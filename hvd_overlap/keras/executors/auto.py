@@ -11,7 +11,7 @@ time, by the simulator's prediction and then by measurement.
 3. The predicted best and the best of another strategy each get a trial of the same length,
    then the probe a second one (its first ran in the process's first steps, which stall more
    often; this one replaces it); the fastest measured plan is kept (the probe unless another
-   is faster by more than ``MEASURED_MARGIN``).
+   is faster by more than ``core.trial.MARGIN``).
 4. A choice other than the probe is confirmed: the probe runs one more trial, then the choice
    (the executor that will stay), and the choice is kept only if it is faster again by the same
    margin -- a plan picked for one lucky trial (seven steps time a plan to a few per cent on a
@@ -36,18 +36,19 @@ from dataclasses import replace
 from typing import Any
 
 import horovod.tensorflow as hvd
-import numpy as np
 import tensorflow as tf
 
-from hvd_overlap.comm.link import agree, measure_link
+from hvd_overlap.comm.link import agree, cluster_of, measure_link
 from hvd_overlap.comm.methods import Grad, GradientMethod, SliceMethod
 from hvd_overlap.comm.planner import Planner
 from hvd_overlap.core import autoplan
 from hvd_overlap.core.autoplan import Candidate
-from hvd_overlap.core.plan import Plan, VarSpec, layer_of
-from hvd_overlap.core.simulate import Cluster
+from hvd_overlap.core.plan import Plan, VarSpec
+from hvd_overlap.core.trial import TrialClock
 from hvd_overlap.keras.executors.base import Executor, Plain
 from hvd_overlap.keras.executors.forward_phase import ForwardPhase
+from hvd_overlap.keras.executors.step_state import Gradients
+from hvd_overlap.keras.flops import layer_flops_by_name
 
 #: steps of a trial: room for a deferring plan's two traced steps and the step after them...
 WARM_STEPS = 3
@@ -55,46 +56,6 @@ WARM_STEPS = 3
 TRIAL_STEPS = 7
 #: steps not timed after a step that traced (a deferring plan's first steady step follows)
 SKIP_AFTER_TRACE = 1
-
-
-def layer_flops_by_name(model: Any) -> dict[str, float]:
-    """Forward FLOPs at batch 1 of every layer with trainable weights, by the layer name its
-    variables carry (``core.plan.layer_of``); a layer without weights adds its FLOPs to the next
-    one that has some. Layers whose shapes are unknown (subclassed models) are left out."""
-    from hvd_overlap.keras.flops import layer_flops
-
-    out: dict[str, float] = {}
-    carried = 0.0
-    for layer in _leaf_layers(model):
-        try:
-            f = float(layer_flops(layer, 1))
-        except Exception:  # noqa: BLE001 -- no static shapes: leave it to the parameter count
-            f = 0.0
-        weights = layer.trainable_weights
-        if weights:
-            out[layer_of(weights[0].name)] = f + carried if f else 0.0
-            carried = 0.0
-        else:
-            carried += f
-    return {k: v for k, v in out.items() if v > 0}
-
-
-def _leaf_layers(layer: Any):
-    subs = getattr(layer, "layers", None)
-    if not subs:
-        if not isinstance(layer, tf.keras.layers.InputLayer):
-            yield layer
-        return
-    for sub in subs:
-        yield from _leaf_layers(sub)
-
-
-def cluster_of(link) -> Cluster:
-    """The simulator's cluster for a measured link: the fixed cost of a collective is Horovod's
-    per-cycle cost at this number of ranks, the ring bandwidth the measured one."""
-    grow = math.log2(link.ranks) if link.ranks > 1 else 1.0
-    return Cluster(ranks=link.ranks, bandwidth=link.bandwidth,
-                   negotiation_s=link.per_collective_s / grow)
 
 
 class AutoExecutor(Executor):
@@ -125,9 +86,8 @@ class AutoExecutor(Executor):
         self.model: Any = None
         self.traces = 0
         self._seen_traces = 0
-        self._skip = 0
-        self._steps = 0                 # steps of the current trial
-        self._samples: list[float] = []
+        self._clock = TrialClock(WARM_STEPS + TRIAL_STEPS, self._agree,
+                                 skip_after_trace=SKIP_AFTER_TRACE)
         self._switched = False
         self._decisions = 0
         self.switches = 0
@@ -175,11 +135,13 @@ class AutoExecutor(Executor):
         self.model = model
 
     def apply_gradients(self, grads: list[Grad], variables: list[tf.Variable],
-                        args: tuple, kwargs: dict, reduced: bool = False) -> Any:
+                        args: tuple, kwargs: dict,
+                        gradients: Gradients = Gradients.LOCAL) -> Any:
         self.traces += 1  # Python runs here only while a train function is traced
         if not self._marks.installed():
             self._marks.warn_once(f"it cannot time its plans: it keeps {self.current.describe()}")
-        return self.child().apply_gradients(grads, variables, args, kwargs, reduced=reduced)
+        return self.child().apply_gradients(grads, variables, args, kwargs,
+                                            gradients=gradients)
 
     def reduce_now(self, grads: list[Grad], variables: list[tf.Variable]) -> list[Grad]:
         return self.child().reduce_now(grads, variables)
@@ -241,27 +203,18 @@ class AutoExecutor(Executor):
         after every step, by ``OverlapCallback`` and ``make_train_step``."""
         if self.settled:
             return
-        self._steps += 1
-        if self.traces != self._seen_traces:  # this step traced: never timed
-            self._seen_traces = self.traces
-            self._skip = SKIP_AFTER_TRACE
-        elif self._skip:
-            self._skip -= 1
-        elif usable:
-            self._samples.append(seconds)
-        if self._steps >= WARM_STEPS + TRIAL_STEPS:
-            self._trial_done()
+        traced, self._seen_traces = self.traces != self._seen_traces, self.traces
+        step = self._clock.observe(seconds, usable, traced)
+        if step is not None:
+            self._trial_done(step)
 
     def _agree(self, values: list[float]) -> list[float]:
         self._decisions += 1
         return agree(values, f"{self.settings.name}.auto.{self._decisions}")
 
-    def _trial_done(self) -> None:
-        mine = [float(np.median(self._samples)), 1.0] if self._samples else [0.0, 0.0]
-        total, timed = self._agree(mine)  # averages: the mean over the ranks that timed steps
-        self._samples, self._steps = [], 0
-        # no rank had a steady step (tiny epochs): this plan counts as the slowest
-        step = total / timed if timed else float("inf")
+    def _trial_done(self, step: float) -> None:
+        """A trial ended with ``step`` (agreed by the ranks; ``inf``: no rank had a steady
+        step, tiny epochs: this plan counts as the slowest)."""
         if self.confirming is not None:
             self.confirmed[self.current] = step
         else:
@@ -362,62 +315,8 @@ class AutoExecutor(Executor):
             old.state.hand_over(self.child().state)
         self.switches += 1
         self._switched = True
-        self._samples = []
 
     def _say(self, message: str) -> None:
         self.log.append(message)
         if hvd.rank() == 0:
             print(f"hvd_overlap: {message}", file=sys.stderr, flush=True)
-
-
-AUTO = "auto"
-
-
-def can_defer(optimizer: Any, strategy: str = "hybrid") -> bool:
-    """True if ``strategy``'s deferring plans are exact with this optimizer
-    (``validate_deferring``)."""
-    from hvd_overlap.keras.validation import validate_deferring
-
-    try:
-        validate_deferring(optimizer, strategy, per_bucket=strategy != "sharded_hybrid")
-    except ValueError:
-        return False
-    return True
-
-
-def auto_choices(optimizer: Any, strategy: str, bucket_bytes: int | str, defer: int | str | None
-                 ) -> tuple[Candidate, Callable[[autoplan.Profile], list[Candidate]], str]:
-    """(the probe, the pool of candidates for a profile, a label) of an ``"auto"`` setting:
-
-    - ``strategy="auto"``: probe stock Horovod's fusion; pool every whole-state plan
-      (``autoplan.WHOLE_STATE``; without the deferring ones if the optimizer cannot defer);
-    - ``bucket_bytes="auto"``: the named strategy at every bucket size (and, for ``hybrid`` and
-      ``sharded_hybrid`` without a fixed ``defer``, every split); probe it at the default size.
-      ``sharded`` (the user asked for sharding) pools the sharded family, ``sharded_hybrid``
-      too where the optimizer can defer;
-    - ``defer="auto"`` (``hybrid``, ``sharded_hybrid``): every split at the given bucket size.
-    """
-    from hvd_overlap.core.plan import DEFAULT_BUCKET_BYTES
-
-    if strategy == AUTO:
-        names = autoplan.WHOLE_STATE if can_defer(optimizer) else ("horovod", "layerwise")
-        return (Candidate("horovod"), lambda prof: autoplan.candidates(prof, strategies=names),
-                "auto")
-    fixed_defer = defer if isinstance(defer, int) else None
-    if bucket_bytes == AUTO:
-        family: tuple[str, ...] = (strategy,)
-        if strategy == "sharded" and can_defer(optimizer, "sharded_hybrid"):
-            family = autoplan.SHARDED
-
-        def pool(prof: autoplan.Profile) -> list[Candidate]:
-            got = autoplan.candidates(prof, strategies=family)
-            if fixed_defer is None:
-                return got
-            return list(dict.fromkeys(Candidate(strategy, c.bucket_bytes, fixed_defer)
-                                      for c in got))
-        return (Candidate(strategy, DEFAULT_BUCKET_BYTES, fixed_defer), pool,
-                f"{strategy} (bucket_bytes='auto')")
-    size = int(bucket_bytes)
-    return (Candidate(strategy, size, None),
-            lambda prof: autoplan.candidates(prof, bucket_sizes=(size,), strategies=(strategy,)),
-            f"{strategy} (defer='auto')")

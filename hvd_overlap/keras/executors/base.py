@@ -16,6 +16,7 @@ from hvd_overlap.comm.schedule import issue_backward
 from hvd_overlap.core.plan import BACKWARD, FORWARD, Plan
 from hvd_overlap.core.sharding import ShardLayout
 from hvd_overlap.keras import _compat
+from hvd_overlap.keras.executors.step_state import Gradients, Handoff
 
 Pairs = list[tuple[Any, tf.Variable]]
 
@@ -47,9 +48,8 @@ class Executor:
             self.planner = planner
         self.method = method
         self.settings = settings
-        self.local_compute = False    # inside minimize: compute_gradients stays local
         self.local_refs: set = set()  # register_local_var: variables each rank keeps for itself
-        self.returned_global = False  # compute_gradients returned global gradients (trace time)
+        self.handoff = Handoff()      # compute_gradients -> apply_gradients (trace time)
 
     @property
     def strategy(self) -> str:
@@ -70,9 +70,10 @@ class Executor:
         self.method = method
 
     def apply_gradients(self, grads: list[Grad], variables: list[tf.Variable],
-                        args: tuple, kwargs: dict, reduced: bool = False) -> Any:
-        """Apply this step's update. ``reduced``: the gradients are already global (they came
-        from this optimizer's ``compute_gradients``), so nothing is sent again."""
+                        args: tuple, kwargs: dict,
+                        gradients: Gradients = Gradients.LOCAL) -> Any:
+        """Apply this step's update. ``Gradients.GLOBAL``: they came from this optimizer's
+        ``compute_gradients``, reduced already, so nothing is sent again."""
         raise NotImplementedError
 
     def register_local_var(self, var: tf.Variable) -> None:

@@ -18,6 +18,7 @@ from hvd_overlap.comm.schedule import issue_backward, issue_forward
 from hvd_overlap.core.plan import BACKWARD, FORWARD, Plan
 from hvd_overlap.keras import _compat
 from hvd_overlap.keras.executors.forward_phase import NextStepExecutor
+from hvd_overlap.keras.executors.step_state import Gradients, Stage
 from hvd_overlap.keras.state_scope import plugin_state
 
 
@@ -49,31 +50,32 @@ class DeferringExecutor(NextStepExecutor):
         self.plan, self.variables = plan, list(variables)
 
     def apply_gradients(self, grads: list[Grad], variables: list[tf.Variable],
-                        args: tuple, kwargs: dict, reduced: bool = False) -> Any:
+                        args: tuple, kwargs: dict,
+                        gradients: Gradients = Gradients.LOCAL) -> Any:
         local: list = []
-        if not reduced:  # (reduced: compute_gradients kept and scaled them already)
+        if gradients is Gradients.LOCAL:  # (global: compute_gradients kept and scaled them)
             grads, variables, local = self.split_local(grads, variables)
         ordered = self.settings.ordered
-        if reduced or not self.phase.can_defer():
+        if gradients is Gradients.GLOBAL or not self.phase.can_defer():
             # the whole update now: global already (compute_gradients), or no next-step phase
             with tf.control_dependencies(self.phase.assert_not_pending()):
-                if not reduced:
+                if gradients is Gradients.LOCAL:
                     grads = issue_backward(self.planner.plan_for(variables, grads), self.method,
                                            grads, variables, ordered, phases=(BACKWARD, FORWARD))
                 return self.plain.apply_gradients(
                     list(zip(grads, variables, strict=True)) + local, *args, **kwargs)
         plan = self.planner.plan_for(variables, grads)
-        if self.plan is not None and plan is not self.plan:
+        if self.phase.stage is not Stage.UNPLANNED and plan is not self.plan:
             raise ValueError("a deferring DistributedOptimizer serves one model: create one "
                              "optimizer per model (the variable list changed)")
-        if self.plan is None:
+        if self.phase.stage is Stage.UNPLANNED:
             # First trace: the plan was unknown when the pre-forward phase was traced, so this
             # graph reduces every bucket now (exact); the next trace defers.
             self._init(plan, variables)
-            reduced = issue_backward(plan, self.method, grads, variables, ordered,
-                                     phases=(BACKWARD, FORWARD))
+            whole = issue_backward(plan, self.method, grads, variables, ordered,
+                                   phases=(BACKWARD, FORWARD))
             return self.plain.apply_gradients(
-                list(zip(reduced, variables, strict=True)) + local, *args, **kwargs)
+                list(zip(whole, variables, strict=True)) + local, *args, **kwargs)
         now = issue_backward(plan, self.method, grads, variables, ordered)
         backward = sorted(v.index for b in plan.phase_buckets(BACKWARD) for v in b.variables)
         pairs = [(now[i], variables[i]) for i in backward if grads[i] is not None] + local
@@ -96,7 +98,7 @@ class DeferringExecutor(NextStepExecutor):
 
     def pre_forward(self) -> None:
         self.phase.mark()
-        if self.plan is None:
+        if self.phase.stage is Stage.UNPLANNED:
             return  # nothing traced yet, so nothing can be pending in this graph
         # only buckets with a buffered gradient: one whose variables all lack a gradient has
         # nothing to bring in (and must not count the step a second time)
@@ -126,6 +128,6 @@ class DeferringExecutor(NextStepExecutor):
         for v in bucket.variables:
             if v.index in self.buffers:
                 grads[v.index] = self.buffers[v.index].read_value()
-        reduced = self.method.reduce(bucket, grads, self.variables)
-        self.apply_part([(reduced[v.index], self.variables[v.index]) for v in bucket.variables
-                         if v.index in reduced], count=last)
+        got = self.method.reduce(bucket, grads, self.variables)
+        self.apply_part([(got[v.index], self.variables[v.index]) for v in bucket.variables
+                         if v.index in got], count=last)

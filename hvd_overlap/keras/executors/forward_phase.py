@@ -3,7 +3,9 @@
 Step t leaves some buckets pending; the pre-forward phase of step t+1 (or a flush) brings them
 in. ``pending`` is a variable, equal on every rank, so every rank takes the same branch. The
 first traced step cannot defer (the plan is unknown when its pre-forward phase is traced), so it
-brings everything in at once and asks for one retrace.
+brings everything in at once and asks for one retrace: ``ForwardPhase.stage`` goes from
+``Stage.UNPLANNED`` to ``Stage.RETRACE`` (``create``) and, once the train function is traced
+again, to ``Stage.STEADY`` (``take_retrace``).
 """
 
 from __future__ import annotations
@@ -19,16 +21,17 @@ import tensorflow as tf
 from hvd_overlap.core.plan import Plan
 from hvd_overlap.keras import _compat
 from hvd_overlap.keras.executors.base import Executor
+from hvd_overlap.keras.executors.step_state import Stage
 from hvd_overlap.keras.state_scope import plugin_state
 
 
 class ForwardPhase:
-    """Which graphs run the pre-forward phase, the pending flag, and the retrace request."""
+    """Which graphs run the pre-forward phase, the pending flag, and the stage (``Stage``)."""
 
     def __init__(self, strategy: str) -> None:
         self.strategy = strategy
         self.pending: tf.Variable | None = None
-        self._retrace = False
+        self.stage = Stage.UNPLANNED
         self._warned = False
         self._flush_fn: Callable[[], object] | None = None
         self._graphs: weakref.WeakSet = weakref.WeakSet()
@@ -47,7 +50,7 @@ class ForwardPhase:
         loss-scale optimizer's), runs the pre-forward phase."""
         return any(graph in self._graphs for graph in _compat.enclosing_graphs())
 
-    def can_defer(self, reduced: bool = False) -> bool:
+    def can_defer(self) -> bool:
         """True if this step may leave updates for the next one: its graph runs the
         pre-forward phase. Otherwise (``fit`` without ``OverlapCallback``, ``train_on_batch``,
         a custom step not made by ``make_train_step``) the step falls back to landing its whole
@@ -88,18 +91,17 @@ class ForwardPhase:
         """The pending flag (first trace); the next trace can defer, so ask for it."""
         with plugin_state():
             self.pending = tf.Variable(False, trainable=False, name="hvd_overlap_pending")
-        self._retrace = True
-
-    @property
-    def created(self) -> bool:
-        return self.pending is not None
+        self.stage = Stage.RETRACE
 
     def is_pending(self) -> bool:
         return self.pending is not None and bool(self.pending.numpy())
 
     def take_retrace(self) -> bool:
-        """True once after ``create``: the train function must be traced again."""
-        asked, self._retrace = self._retrace, False
+        """True once after ``create``: the train function must be traced again (the caller
+        does it), after which the stage is steady."""
+        asked = self.stage is Stage.RETRACE
+        if asked:
+            self.stage = Stage.STEADY
         return asked
 
     def forget_flush(self) -> None:

@@ -9,6 +9,7 @@ import tensorflow as tf
 from hvd_overlap.comm.methods import Grad
 from hvd_overlap.comm.schedule import issue_backward
 from hvd_overlap.keras.executors.base import Executor
+from hvd_overlap.keras.executors.step_state import Gradients
 
 
 class ImmediateExecutor(Executor):
@@ -23,8 +24,9 @@ class ImmediateExecutor(Executor):
         return self.with_local(grads, variables, reduce)
 
     def apply_gradients(self, grads: list[Grad], variables: list[tf.Variable],
-                        args: tuple, kwargs: dict, reduced: bool = False) -> Any:
-        if not reduced:
+                        args: tuple, kwargs: dict,
+                        gradients: Gradients = Gradients.LOCAL) -> Any:
+        if gradients is Gradients.LOCAL:
             grads = self.reduce(grads, variables)
         return self.plain.apply_gradients(list(zip(grads, variables, strict=True)),
                                           *args, **kwargs)

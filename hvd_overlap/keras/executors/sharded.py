@@ -17,14 +17,14 @@ import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 
-from hvd_overlap.comm.methods import Grad, ReduceScatterGather
+from hvd_overlap.comm.methods import Grad
 from hvd_overlap.comm.schedule import chain, issue_forward
-from hvd_overlap.core.exchange import NEVER, ROWS, row_range
 from hvd_overlap.core.plan import BACKWARD, FORWARD, Plan
 from hvd_overlap.core.sharding import BucketSlices, ShardLayout, partition
 from hvd_overlap.keras import _compat
-from hvd_overlap.keras.exchange import DenseExchanges
+from hvd_overlap.keras.exchange_choice import DenseExchanges
 from hvd_overlap.keras.executors.forward_phase import NextStepExecutor
+from hvd_overlap.keras.executors.step_state import Gradients, Stage
 from hvd_overlap.keras.sharded_state import ShardedState, plain_order, stale_state_error
 
 
@@ -37,38 +37,30 @@ class ShardedExecutor(NextStepExecutor):
         options = self.planner.options
         self.exchange = DenseExchanges(options.exchange, self.settings, self.phase.installed,
                                        options.exchange_forward)
-        self._switch: str | None = None  # the exchange's online check: the way to take
-        self._way = ROWS                 # ...and the way the current trace takes
 
     def set_method(self, method: Any) -> None:
-        """With ``exchange``, some buckets are dense kernels cut by whole rows
-        (``BucketSlices.rows``, no padding): only a ``ReduceScatterGather`` (or a subclass)
-        is known to send them."""
-        if self.exchange.mode != NEVER and not isinstance(method, ReduceScatterGather):
-            raise ValueError(
-                f"with exchange={self.exchange.mode!r} some buckets are dense kernels cut by "
-                "whole rows (bucket.rows, no padding); a bucket method must send them: "
-                "subclass hvd_overlap.comm.methods.ReduceScatterGather, or pass "
-                "exchange='never'")
+        """As any executor's, checked by the exchange first (``check_method``)."""
+        self.exchange.check_method(method)
         super().set_method(method)
 
     def attach_model(self, model: Any) -> None:
         """With ``exchange``: patch the model's dense layers the exchange can carry (before the
         first step; later, the layout is fixed and nothing changes)."""
-        if self.plan is None:
+        if self.phase.stage is Stage.UNPLANNED:
             self.exchange.attach(model)
 
     def apply_gradients(self, grads: list[Grad], variables: list[tf.Variable],
-                        args: tuple, kwargs: dict, reduced: bool = False) -> Any:
-        """Reduce-scatter every bucket (``reduced``: the gradients are global already, each
-        rank takes its slice), update this rank's slices; the forward-phase all-gathers run at
-        the start of the next step -- or now, on the first trace (no pre-forward phase was set
-        up yet) and in steps without that phase."""
+                        args: tuple, kwargs: dict,
+                        gradients: Gradients = Gradients.LOCAL) -> Any:
+        """Reduce-scatter every bucket (``Gradients.GLOBAL``: each rank takes its slice of the
+        global ones), update this rank's slices; the forward-phase all-gathers run at the start
+        of the next step -- or now, on the first trace (no pre-forward phase was set up yet)
+        and in steps without that phase."""
         defer = self.phase.can_defer()
-        if self.plan is None:
+        first = self.phase.stage is Stage.UNPLANNED
+        if first:
             self.planner.exchangeable = self.exchange.kernel_refs()
         plan = self.planner.plan_for(variables, grads)
-        first = self.plan is None
         if first:
             _check_shardable(variables, plan)
             self.phase.create()
@@ -79,6 +71,7 @@ class ShardedExecutor(NextStepExecutor):
                              "optimizer per model (the variable list changed)")
         st = self.state
         checks = [] if defer else self.phase.assert_not_pending()
+        reduced = gradients is Gradients.GLOBAL
         if reduced:
             grads = [g if g is None else tf.convert_to_tensor(g) for g in grads]
         pairs = []
@@ -115,11 +108,9 @@ class ShardedExecutor(NextStepExecutor):
                 if (landing if b.segments[0].index in kept else b.phase == FORWARD)]
 
     def _keep_rows(self, bucket: BucketSlices) -> None:
-        """Write this rank's updated rows of a kernel into it (no collective)."""
-        seg = bucket.segments[0]
-        var = self.state.variables[seg.index]
-        start, stop = row_range(int(var.shape[0]), hvd.size(), hvd.rank())
-        var[start:stop].assign(tf.reshape(self.state.params[bucket.bucket], [stop - start, -1]))
+        """A kernel whose forward runs on the rows: this rank's updated rows into it."""
+        self.exchange.keep_rows(self.state.variables[bucket.segments[0].index],
+                                self.state.params[bucket.bucket])
 
     def _gather(self, bucket: BucketSlices) -> tf.Tensor:
         """All-gather one bucket's updated slices into the model's variables."""
@@ -130,12 +121,7 @@ class ShardedExecutor(NextStepExecutor):
         return tf.constant(True)
 
     def reduce_now(self, grads: list[Grad], variables: list[tf.Variable]) -> list[Grad]:
-        if self.exchange.carried(variables):
-            raise ValueError(
-                "compute_gradients returns global gradients, but the dense factor exchange "
-                "gives each rank only its rows of a kernel's gradient: let apply_gradients "
-                "receive the local gradients (model.fit, minimize, or tape.gradient then "
-                "apply_gradients), or pass exchange='never' to DistributedOptimizer")
+        self.exchange.refuse_global(variables)
         return super().reduce_now(grads, variables)
 
     def take_retrace(self) -> bool:
@@ -143,22 +129,11 @@ class ShardedExecutor(NextStepExecutor):
         carries from the batch seen (agreed across ranks) and activate them, then retrace; and
         whenever the exchange's online check switches between the forward on the rows and the
         gather (every update landed first)."""
-        asked = self.phase.take_retrace()
-        if asked and self.plan is not None and self.exchange.layers:
-            # what the first steps left pending lands first: a kernel whose forward is about
-            # to run on the rows takes its rows from the kernel as it is
-            self.flush()
-            plan = self.exchange.decide(self.plan, self.state.variables, self.state.layout)
+        asked = self.phase.take_retrace()  # (True: the first step ran, the plan is known)
+        plans, changed = self.exchange.after_step(asked, self.plan, self.state, self.flush)
+        for plan in plans:
             self._use(plan)
-        if self._switch is not None:
-            way, self._switch = self._switch, None
-            changed = way != self._way
-            if changed:
-                self.flush()  # every update lands before the forward changes how it reads
-            self._use(self.exchange.use(way))
-            self._way = way
-            asked = asked or changed
-        return asked
+        return asked or changed
 
     def _use(self, plan: Plan) -> None:
         self.planner.replace_plan(self.plan, plan)
@@ -167,9 +142,7 @@ class ShardedExecutor(NextStepExecutor):
 
     def observe_step(self, seconds: float, usable: bool = True) -> None:
         """The exchange's online check between the forward on the rows and the gather."""
-        way = self.exchange.observe(seconds, usable)
-        if way is not None:
-            self._switch = way
+        self.exchange.observe(seconds, usable)
 
     @property
     def settled(self) -> bool:
@@ -182,7 +155,7 @@ class ShardedExecutor(NextStepExecutor):
         self._issue_gathers(landing=self.phase.mark())
 
     def _issue_gathers(self, landing: bool) -> None:
-        if self.plan is None:
+        if self.phase.stage is Stage.UNPLANNED:
             return
         issue_forward([lambda b=b: self._gather(b) for b in self._deferred(landing)],
                       self.phase.pending)

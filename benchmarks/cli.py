@@ -36,8 +36,9 @@ def main() -> None:
               help="interleaved rounds (every strategy once per round)")
 @click.option("--strategies", help="comma-separated; default: every strategy, then local; "
                                        "add auto for strategy='auto' (it chooses before timing); "
-                                       "a sharded strategy takes options after '+': exchange, "
-                                       "gather, rows, alltoall, auto (bucket_bytes='auto'); "
+                                       "a strategy is spelled as the plugin spells it, options "
+                                       "after '+' (sharded+exchange+rows, hybrid+defer=2, "
+                                       "layerwise+auto: bucket_bytes='auto'); "
                                        "NAME#2 is a second, independent entry of a fixed "
                                        "strategy (stock,stock#2: the bench's own noise)")
 @click.option("--net", default="plain", show_default=True,

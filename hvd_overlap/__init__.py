@@ -16,24 +16,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from hvd_overlap.core.choice import (
-    Auto,
-    Deferred,
-    Exchange,
-    Hybrid,
-    Layerwise,
-    Sharded,
-    ShardedHybrid,
-    StockHorovod,
-    Strategy,
-)
 from hvd_overlap.core.plan import DEFAULT_BUCKET_BYTES, Plan
 from hvd_overlap.core.strategies import STRATEGIES
 
 __version__ = "0.2.0.dev0"
-__all__ = ["DEFAULT_BUCKET_BYTES", "STRATEGIES", "Auto", "Deferred", "Exchange", "Hybrid",
-           "Layerwise", "Plan", "Sharded", "ShardedHybrid", "StockHorovod", "Strategy",
-           "__version__", "init"]
+__all__ = ["DEFAULT_BUCKET_BYTES", "STRATEGIES", "Plan", "__version__", "init"]
 
 
 def init(*args: Any, **kwargs: Any) -> None:

@@ -103,8 +103,8 @@ def resolve(strategy: str | Strategy, **keywords: object) -> Strategy:
     if isinstance(strategy, type) and issubclass(strategy, Strategy):
         strategy = strategy.name
     if not isinstance(strategy, str):
-        raise TypeError(f"strategy must be a name or a strategy object (hvd_overlap.Layerwise, "
-                        f"...), got {strategy!r}")
+        raise TypeError(f"strategy must be a name or a strategy object "
+                        f"(hvd_overlap.keras.Layerwise, ...), got {strategy!r}")
     base = parse(strategy)
     settings = {f.name: getattr(base, f.name) for f in dataclasses.fields(base)
                 if getattr(base, f.name) != f.default}

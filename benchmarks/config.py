@@ -7,6 +7,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 
 from hvd_overlap.core.choice import Auto
+from hvd_overlap.core.spelling import parse
 
 #: The baseline: real ``horovod.tensorflow.keras.DistributedOptimizer``, run in processes that
 #: never import the plugin's runtime.
@@ -35,8 +36,6 @@ def plugin_options(name: str) -> tuple[str, dict[str, object]]:
     ``sharded+exchange+alltoall`` -> ``"sharded"``, ``exchange="auto"``,
     ``gather_with="alltoall"``; a replica's ``#K`` dropped; ``stock``/``local`` as they are).
     Raises ValueError for an unknown strategy or option, or one the strategy has no use for."""
-    from hvd_overlap.core.spelling import parse
-
     base = base_name(name)
     if base in CLEAN:
         return base, {}

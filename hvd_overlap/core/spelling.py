@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 
 from hvd_overlap.core.choice import REGISTRY, Exchange, Strategy, get
-from hvd_overlap.core.exchange import ALWAYS, AUTO, NEVER
+from hvd_overlap.core.exchange import AUTO, NEVER
 from hvd_overlap.core.plan import DEFAULT_BUCKET_BYTES, GATHER_METHODS
 
 #: ``DistributedOptimizer``'s plan keywords -> (the field they set, its default).
@@ -27,13 +27,13 @@ KEYWORDS: dict[str, tuple[str, object]] = {
 }
 
 
+_GROUPS = " (stock Horovod's manual grouping; the plan groups by bucket_bytes instead)"
+_AUTO_CHOOSES = (" (auto chooses bucket_bytes and defer itself; to fix them, name the strategy, "
+                 "e.g. Hybrid(bucket_bytes=8 << 20, defer='auto'))")
+#: what a TypeError adds for a setting (by name, or by (strategy, name)) a strategy lacks
 _HINTS = {
-    "groups": " (stock Horovod's manual grouping; the plan groups by bucket_bytes instead)",
-    "num_groups": " (stock Horovod's manual grouping; the plan groups by bucket_bytes instead)",
-    ("auto", "bucket_bytes"): " (auto chooses bucket_bytes and defer itself; to fix them, name "
-                              "the strategy, e.g. Hybrid(bucket_bytes=8 << 20, defer='auto'))",
-    ("auto", "defer"): " (auto chooses bucket_bytes and defer itself; to fix them, name the "
-                       "strategy, e.g. Hybrid(bucket_bytes=8 << 20, defer='auto'))",
+    "groups": _GROUPS, "num_groups": _GROUPS,
+    ("auto", "bucket_bytes"): _AUTO_CHOOSES, ("auto", "defer"): _AUTO_CHOOSES,
     ("sharded", "defer"): " (sharded gathers every slice in the next forward; "
                           "ShardedHybrid(defer=N) gathers N input-side buckets there)",
 }
@@ -111,9 +111,7 @@ def resolve(strategy: str | Strategy, **keywords: object) -> Strategy:
     forward = given.pop("exchange_forward", AUTO)
     if "exchange" in given:
         layers = given.pop("exchange")
-        if layers != NEVER:
-            if layers not in (AUTO, ALWAYS):
-                raise ValueError(f"exchange={layers!r}: choose one of never, auto, always")
+        if layers != NEVER:  # (Exchange refuses a mode other than auto, always)
             settings["exchange"] = Exchange(str(layers), str(forward))
         else:
             settings.pop("exchange", None)
@@ -139,7 +137,6 @@ def _parse_int(value: str, text: str) -> int:
         return int(value)
     except ValueError:
         raise ValueError(f"strategy {text!r}: {value!r} is not a whole number") from None
-
 
 
 __all__ = ["KEYWORDS", "parse", "resolve"]

@@ -20,9 +20,10 @@ from hvd_overlap.comm.methods import CommSettings, GradientMethod, SliceMethod, 
 from hvd_overlap.comm.planner import Planner
 from hvd_overlap.core.autoplan import Candidate
 from hvd_overlap.core.choice import Auto, StockHorovod, Strategy, for_accumulation
+from hvd_overlap.core.exchange import NEVER
 from hvd_overlap.core.plan import DEFAULT_BUCKET_BYTES, Plan
 from hvd_overlap.core.sharding import ShardLayout
-from hvd_overlap.core.spelling import resolve
+from hvd_overlap.core.spelling import KEYWORDS, resolve
 from hvd_overlap.core.strategies import get_strategy
 from hvd_overlap.keras import _compat
 from hvd_overlap.keras.executors import Executor, Plain, make_executor
@@ -287,22 +288,17 @@ def DistributedOptimizer(  # noqa: N802 -- same name as Horovod's factory
     Horovod's (see ``register_local_var``). Deferring strategies and ``auto`` need
     ``OverlapCallback`` (``model.fit``) or ``make_train_step`` (custom loops).
     """
-    chosen = resolve(strategy, bucket_bytes=bucket_bytes, ordered=ordered, defer=defer,
-                     gather_with=gather_with, exchange=exchange,
-                     exchange_forward=exchange_forward, num_groups=num_groups, groups=groups)
-    options = {"strategy": chosen, "name": name, "device_dense": device_dense,
-               "device_sparse": device_sparse, "compression": compression,
-               "sparse_as_dense": sparse_as_dense,
-               "gradient_predivide_factor": gradient_predivide_factor, "op": op,
-               "backward_passes_per_step": backward_passes_per_step,
-               "average_aggregated_gradients": average_aggregated_gradients,
-               "process_set": process_set, "scale_local_gradients": scale_local_gradients}
+    given = {k: v for k, v in locals().items() if k != "optimizer"}
+    chosen = resolve(strategy, **{k: given.pop(k) for k in KEYWORDS})
+    # what from_config rebuilds: the strategy object, and Horovod's own keywords
+    options = {**given, "strategy": chosen}
     if isinstance(backward_passes_per_step, int) and backward_passes_per_step > 1:
         chosen = _accumulating_plan(chosen, backward_passes_per_step)
     validate(optimizer, op, gradient_predivide_factor, backward_passes_per_step, process_set)
     if chosen.shards:
         validate_sharding(optimizer)
-    if getattr(chosen, "exchange", None) is not None:
+    plan_options = chosen.plan_options(hvd.size())
+    if plan_options.exchange != NEVER:
         validate_exchange(compression)
     if chosen.defers and not isinstance(chosen, Auto):
         validate_deferring(optimizer, chosen.name, per_bucket=not chosen.shards)
@@ -315,14 +311,13 @@ def DistributedOptimizer(  # noqa: N802 -- same name as Horovod's factory
         name=prefix, op=op, compression=compression, sparse_as_dense=sparse_as_dense,
         gradient_predivide_factor=gradient_predivide_factor, device_dense=device_dense,
         device_sparse=device_sparse, ordered=getattr(chosen, "ordered", False),
-        gather_with=getattr(chosen, "gather_with", "allgather"),
+        gather_with=plan_options.gather_with,
         scale_local_gradients=scale_local_gradients,
         groups=getattr(chosen, "groups", None) or getattr(chosen, "num_groups", 0) or None,
     )
     cls = _distributed_class(type(optimizer), options)
     wrapped = super(_DistributedMixin, cls).from_config(optimizer.get_config())
     plain = _plain(wrapped)
-    plan_options = chosen.plan_options(hvd.size())
 
     def executor(c: Candidate) -> Executor:
         """The executor of one plan (a candidate of ``auto``, or the user's own)."""

@@ -71,8 +71,8 @@ class ShardedExecutor(NextStepExecutor):
                              "optimizer per model (the variable list changed)")
         st = self.state
         checks = [] if defer else self.phase.assert_not_pending()
-        reduced = gradients is Gradients.GLOBAL
-        if reduced:
+        given_global = gradients is Gradients.GLOBAL
+        if given_global:
             grads = [g if g is None else tf.convert_to_tensor(g) for g in grads]
         pairs = []
         carried = self.exchange.carried(st.variables)  # kernels whose rows came global
@@ -80,7 +80,7 @@ class ShardedExecutor(NextStepExecutor):
         rows_here = [b for b in st.layout.buckets if b.segments[0].index in kept & carried]
         for b in st.layout.buckets:
             with tf.control_dependencies(checks):
-                if reduced or b.segments[0].index in carried:
+                if given_global or b.segments[0].index in carried:
                     piece = st.slice_of(b, grads)  # this rank's rows: global already
                 else:
                     piece = self.method.scatter(b, grads)

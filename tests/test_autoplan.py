@@ -167,3 +167,38 @@ def test_pick_keeps_the_preferred_plan_within_the_margin():
     assert autoplan.pick({stock: 1.0, hyb: 0.995}, stock) == stock   # within noise
     assert autoplan.pick({stock: 1.0, hyb: 0.95}, stock) == hyb
     assert autoplan.pick({stock: 1.0, hyb: 1.2}, stock) == stock
+
+
+def test_a_dense_kernel_seen_with_its_batch_prices_the_exchange_candidates():
+    """With the batch each dense kernel saw, the profile has dense layers and the candidates
+    include the sharded plans with the exchange (each way of the forward), which the
+    simulator predicts faster than stock's on a slow link for a 1024x256 kernel at batch 8;
+    without it, none."""
+    specs = _specs()
+    plain = autoplan.profile_from_specs(specs)
+    assert not any(la.dense for la in plain.layers)
+    assert not any(c.exchange for c in autoplan.candidates(
+        plain, strategies=autoplan.FAMILIES["every"], exchange=True))
+    seen = autoplan.profile_from_specs(specs, dense={"fc1/v2:0": 8})
+    assert seen.batch_size == 8
+    assert [la.dense for la in seen.layers] == [None, (1024, 256), None]
+    cands = autoplan.candidates(seen, bucket_sizes=(MIB,),
+                                strategies=autoplan.FAMILIES["every"], exchange=True)
+    ways = {c.exchange for c in cands if c.strategy in autoplan.SHARDED}
+    assert ways == {None, "rows", "gather"}
+    assert not any(c.exchange for c in cands if c.strategy not in autoplan.SHARDED)
+    x = Candidate("sharded", MIB, exchange="rows")
+    assert x.simulated == "sharded+exchange+rows" and x.kind == "sharded+exchange"
+    assert x.keywords() == {"strategy": "sharded", "bucket_bytes": MIB, "exchange": "auto",
+                            "exchange_forward": "rows"}
+    slow = Cluster(ranks=2, bandwidth=1e7)
+    fitted = autoplan.fit_compute(seen, slow, Candidate("horovod"), 0.3)
+    assert autoplan.predict(fitted, slow, x).step_s < \
+        autoplan.predict(fitted, slow, Candidate("horovod")).step_s
+
+
+def test_trial_order_tells_a_sharded_plan_from_the_same_with_the_exchange():
+    r = simulate(SIX, "horovod", Cluster(ranks=2, bandwidth=1e9))
+    x, s = Candidate("sharded", MIB, exchange="rows"), Candidate("sharded", 4 * MIB)
+    ranked = [(x, r), (Candidate("sharded", MIB, exchange="gather"), r), (s, r)]
+    assert autoplan.trial_order(ranked, Candidate("horovod")) == [x, s]

@@ -635,3 +635,22 @@ def test_auto_reports_its_state_in_the_plan_and_refuses_a_bucket_method():
     with pytest.raises(ValueError, match="strategy='layerwise'"):
         opt.register_bucket_method(Allreduce(CommSettings(name="x", op=hvd_tf.Average,
                                                           compression=None)))
+
+
+def test_auto_leaves_out_the_plans_a_loop_could_tell_apart_and_says_why():
+    from hvd_overlap.core.autoplan import Candidate
+    from hvd_overlap.keras.executors.auto_pool import usable_pool
+    from hvd_overlap.keras.executors.step_state import TrainLoop
+
+    pool = [Candidate("horovod"), Candidate("sharded", 1 << 20),
+            Candidate("sharded_hybrid", 1 << 20, 1), Candidate("hybrid", 1 << 20, 1)]
+    settings = CommSettings(name="t", op=hvd.Average, compression=hvd.Compression.none)
+    kept, why = usable_pool(pool, TrainLoop.CUSTOM, settings, set())
+    assert kept == [Candidate("horovod"), Candidate("hybrid", 1 << 20, 1)]
+    assert len(why) == 1 and "custom loop" in why[0]
+    kept, why = usable_pool(pool, TrainLoop.KERAS_FIT, settings, {"a ref"})
+    assert "register_local_var" in why[0] and len(kept) == 2
+    kept, why = usable_pool(pool, TrainLoop.KERAS_FIT, settings, set())
+    assert kept == pool and why == ["the exchange: one rank"]  # (this process: one rank)
+    kept, why = usable_pool(pool[:1], TrainLoop.CUSTOM, settings, set())
+    assert kept == pool[:1] and why == []  # no sharded plan in the pool: nothing to say

@@ -19,6 +19,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from hvd_overlap.core.plan import VarSpec, build_layerwise_plan, fmt_bytes, input_side_share
+from hvd_overlap.core.sim.plans import EXCHANGE_SUFFIX
 from hvd_overlap.core.simulate import Cluster, Layer, Profile, StepResult, _specs, simulate
 from hvd_overlap.core.trial import MARGIN
 
@@ -27,7 +28,9 @@ MIB = 2**20
 BUCKET_SIZES = (1 * MIB, 4 * MIB, 16 * MIB, 64 * MIB, 256 * MIB)
 WHOLE_STATE = ("horovod", "layerwise", "hybrid", "deferred")
 SHARDED = ("sharded", "sharded_hybrid")
-FAMILIES = {"whole": WHOLE_STATE, "sharded": SHARDED}
+#: how an exchanged kernel's forward gets its weights, in the exchange candidates of ``every``
+EXCHANGE_FORWARDS = ("rows", "gather")
+FAMILIES = {"whole": WHOLE_STATE, "sharded": SHARDED, "every": WHOLE_STATE + SHARDED}
 _SPLIT = ("hybrid", "sharded_hybrid")  # strategies whose split point is a choice
 #: shares of the gradient bytes ``hybrid`` candidates defer into the next forward
 SPLITS = (0.25, 0.5, 0.75)
@@ -40,12 +43,26 @@ class Candidate:
     strategy: str
     bucket_bytes: int = 0       # 0: not used (horovod fuses by readiness)
     defer: int | None = None    # hybrid: input-side buckets deferred (None: half the bytes)
+    #: sharded plans: how an exchanged dense kernel's forward gets its weights (``rows`` or
+    #: ``gather``, the exchange deciding per kernel whether to carry it); None: no exchange
+    exchange: str | None = None
 
     def describe(self) -> str:
         if self.strategy == "horovod":
             return "horovod (stock fusion)"
         text = f"{self.strategy}, {fmt_bytes(self.bucket_bytes)} buckets"
-        return text + (f", defer {self.defer}" if self.defer is not None else "")
+        text += f", defer {self.defer}" if self.defer is not None else ""
+        return text + (f", exchange ({self.exchange})" if self.exchange else "")
+
+    @property
+    def kind(self) -> str:
+        """The strategy, with the exchange if any: trials compare one of each kind."""
+        return self.strategy + (EXCHANGE_SUFFIX if self.exchange else "")
+
+    @property
+    def simulated(self) -> str:
+        """The simulator's name of this plan (``sharded+exchange+rows``)."""
+        return self.strategy + (f"{EXCHANGE_SUFFIX}+{self.exchange}" if self.exchange else "")
 
     def keywords(self) -> dict[str, object]:
         """``DistributedOptimizer`` keywords that build this plan."""
@@ -54,6 +71,8 @@ class Candidate:
             kw["bucket_bytes"] = self.bucket_bytes
         if self.defer is not None:
             kw["defer"] = self.defer
+        if self.exchange:
+            kw.update(exchange="auto", exchange_forward=self.exchange)
         return kw
 
 
@@ -84,29 +103,36 @@ def splits(nbytes: Sequence[int], fractions: Sequence[float] = SPLITS) -> list[i
 
 
 def candidates(profile: Profile, bucket_sizes: Sequence[int] = BUCKET_SIZES,
-               strategies: Iterable[str] = WHOLE_STATE) -> list[Candidate]:
+               strategies: Iterable[str] = WHOLE_STATE, exchange: bool = False
+               ) -> list[Candidate]:
     """Every candidate for this profile: ``hybrid`` / ``sharded_hybrid`` at each bucket size
     and split (a quarter, half, three quarters of the bytes deferred), the others at each
-    bucket size."""
-    specs = _specs(profile)
+    bucket size; ``exchange``: the sharded ones also with the dense factor exchange (each way
+    of ``EXCHANGE_FORWARDS``), where the profile has a dense layer."""
+    ways: tuple[str | None, ...] = (None,)
+    if exchange and any(la.dense for la in profile.layers):
+        ways += EXCHANGE_FORWARDS
     out: list[Candidate] = []
     for name in strategies:
         if name == "horovod":
             out.append(Candidate("horovod"))
             continue
-        for size in bucket_sizes:
-            if name not in _SPLIT:
-                out.append(Candidate(name, size))
-                continue
-            nbytes = [b.nbytes for b in build_layerwise_plan(specs, size).buckets] if specs else []
-            out.extend(Candidate(name, size, d) for d in splits(nbytes))
+        for way in ways if name in SHARDED else (None,):
+            specs = _specs(profile, exchange=way is not None)
+            for size in bucket_sizes:
+                if name not in _SPLIT:
+                    out.append(Candidate(name, size, exchange=way))
+                    continue
+                nbytes = [b.nbytes for b in build_layerwise_plan(specs, size).buckets] \
+                    if specs else []
+                out.extend(Candidate(name, size, d, way) for d in splits(nbytes))
     return list(dict.fromkeys(out))
 
 
 def predict(profile: Profile, cluster: Cluster, candidate: Candidate) -> StepResult:
     """The simulator's step for one candidate."""
     sized = replace(cluster, bucket_bytes=candidate.bucket_bytes or cluster.bucket_bytes)
-    return simulate(profile, candidate.strategy, sized, candidate.defer)
+    return simulate(profile, candidate.simulated, sized, candidate.defer)
 
 
 #: a plan other than stock's is chosen only if predicted faster by more than this share
@@ -144,22 +170,27 @@ def choose(profile: Profile, cluster: Cluster, options: Sequence[Candidate] | No
 # --- the run-time choice: a profile of the real model, fitted to a measured step ----------------
 
 def profile_from_specs(specs: Sequence[VarSpec], flops: dict[str, float] | None = None,
-                       name: str = "model") -> Profile:
+                       name: str = "model", dense: dict[str, int] | None = None) -> Profile:
     """One profile layer per layer of the plan's variables, in forward order, with its exact
     gradient bytes. Compute in arbitrary units (``fit_compute`` scales them): the layer's
     forward FLOPs at batch 1 from ``flops`` (by layer name) or, for a layer it lacks, 2 per
     parameter (a dense layer's count); backward twice the forward, once for the first layer
-    (no input gradient)."""
+    (no input gradient). ``dense``: the batch (rows per step) of each 2-D kernel the factor
+    exchange could carry, by variable name; the profile's batch is their largest."""
     layers: dict[str, list[VarSpec]] = {}
     for v in sorted(specs, key=lambda v: v.index):
         layers.setdefault(v.layer, []).append(v)
+    dense = dense or {}
     out: list[Layer] = []
     for k, (layer, vs) in enumerate(layers.items()):
         work = (flops or {}).get(layer) or 2.0 * sum(v.size for v in vs)
         sent = [v for v in vs if v.has_grad and not v.sparse]
+        kernel = next((v.shape for v in sent if v.name in dense and len(v.shape) == 2), None)
         out.append(Layer(layer, work, work * (1.0 if k == 0 else 2.0),
-                         sum(v.nbytes for v in sent), vs[0].dtype, len(sent), work))
-    return Profile(name, 1, tuple(out), meta={"source": "run time: variables and FLOPs"})
+                         sum(v.nbytes for v in sent), vs[0].dtype, len(sent), work,
+                         dense=kernel))
+    return Profile(name, max(dense.values(), default=1), tuple(out),
+                   meta={"source": "run time: variables and FLOPs"})
 
 
 def fit_compute(profile: Profile, cluster: Cluster, candidate: Candidate,
@@ -192,7 +223,7 @@ def trial_order(ranked: Sequence[tuple[Candidate, StepResult]], first: Candidate
     for c, _ in ranked:
         if len(out) == trials:
             break
-        if c != first and all(c.strategy != o.strategy for o in out):
+        if c != first and all(c.kind != o.kind for o in out):
             out.append(c)
     return out
 

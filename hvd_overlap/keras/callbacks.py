@@ -9,7 +9,7 @@ import time
 import tensorflow as tf
 
 from hvd_overlap.keras import _compat
-from hvd_overlap.keras.executors.step_state import StepKind
+from hvd_overlap.keras.executors.step_state import StepKind, TrainLoop
 
 __all__ = ["OverlapCallback"]
 
@@ -69,13 +69,18 @@ class OverlapCallback(tf.keras.callbacks.Callback):
 
         # a train_step set on the model itself (enable_gradient_accumulation's) comes back after
         self._replaced = _compat.patch_method(self.model, "train_step", train_step)
+        own = self._replaced is not None or \
+            type(self.model).train_step is not tf.keras.Model.train_step
+        loop = TrainLoop.OWN_TRAIN_STEP if own else TrainLoop.KERAS_FIT
         # weights loaded during fit (a callback's set_weights/load_weights) must not have a
-        # pending update land on top of them: flush first, on every rank
+        # pending update land on top of them: flush first, on every rank; load_weights may
+        # restore the optimizer's state too: attach again after it (auto's sharded plan
+        # re-reads the state)
         for method in ("set_weights", "load_weights"):
-            _compat.patch_method(self.model, method,
-                                 _flushing_first(opt, getattr(self.model, method)))
+            _compat.patch_method(self.model, method, _flushing_first(
+                opt, getattr(self.model, method), lambda: opt.attach_model(self.model, loop)))
         self._patched = True
-        opt.attach_model(self.model)
+        opt.attach_model(self.model, loop)
         self._make_train_functions()
 
     def _make_train_functions(self) -> None:
@@ -140,9 +145,12 @@ class OverlapCallback(tf.keras.callbacks.Callback):
             self._patched = False
 
 
-def _flushing_first(opt, method):
-    """``method`` (a model's ``set_weights``/``load_weights``) after ``opt.flush()``."""
+def _flushing_first(opt, method, after):
+    """``method`` (a model's ``set_weights``/``load_weights``) after ``opt.flush()``, then
+    ``after()``."""
     def call(*args, **kwargs):
         opt.flush()
-        return method(*args, **kwargs)
+        out = method(*args, **kwargs)
+        after()
+        return out
     return call

@@ -84,6 +84,17 @@ class DenseExchanges:
                                       self.in_train_step)
                        for i, layer in enumerate(exchangeable_layers(model))]
 
+    def adopt(self, layers: list[ExchangedDense]) -> None:
+        """Use layers patched before (``strategy="auto"`` patches them once, for every plan it
+        may run) instead of patching the model again."""
+        if self.mode != NEVER and hvd.size() > 1:
+            self._attached, self.layers = True, list(layers)
+
+    def deactivate(self) -> None:
+        """The plan ends: every patched layer computes as Keras's again (after a flush)."""
+        for x in self.layers:
+            x.active = x.keep = False
+
     def kernel_refs(self) -> frozenset:
         """Refs of the patched layers' kernels (built ones)."""
         return frozenset(x.kernel.ref() for x in self.layers if x.kernel is not None)

@@ -20,16 +20,22 @@ from hvd_overlap.comm.methods import CommSettings, GradientMethod, SliceMethod, 
 from hvd_overlap.comm.planner import Planner
 from hvd_overlap.core.autoplan import Candidate
 from hvd_overlap.core.choice import Auto, StockHorovod, Strategy, for_accumulation
-from hvd_overlap.core.exchange import NEVER
+from hvd_overlap.core.exchange import AUTO, NEVER
 from hvd_overlap.core.plan import DEFAULT_BUCKET_BYTES, Plan
 from hvd_overlap.core.sharding import ShardLayout
 from hvd_overlap.core.spelling import KEYWORDS, resolve
 from hvd_overlap.core.strategies import get_strategy
 from hvd_overlap.keras import _compat
-from hvd_overlap.keras.executors import Executor, Plain, make_executor
+from hvd_overlap.keras.executors import (
+    Executor,
+    MirroredShardedExecutor,
+    Plain,
+    ShardedExecutor,
+    make_executor,
+)
 from hvd_overlap.keras.executors.auto import AutoExecutor
 from hvd_overlap.keras.executors.auto_pool import auto_choices
-from hvd_overlap.keras.executors.step_state import Gradients
+from hvd_overlap.keras.executors.step_state import Gradients, TrainLoop
 from hvd_overlap.keras.train_step import OverlapTrainStep
 from hvd_overlap.keras.validation import (
     validate,
@@ -167,11 +173,13 @@ class _DistributedMixin:
         ``make_train_step`` call it on every rank after every step. A no-op otherwise."""
         self._hvdo.observe_step(seconds, usable)
 
-    def attach_model(self, model) -> None:
-        """The model this optimizer trains (before the first step): ``strategy="auto"`` reads
-        its layers' FLOPs to predict the plans; ``exchange`` patches its dense layers.
-        ``OverlapCallback`` and ``make_train_step(step_fn, model)`` pass it. A no-op otherwise."""
-        self._hvdo.attach_model(model)
+    def attach_model(self, model, loop: TrainLoop = TrainLoop.CUSTOM) -> None:
+        """The model this optimizer trains (before the first step), and who runs its steps
+        (``loop``): ``strategy="auto"`` reads its layers' FLOPs to predict the plans and leaves
+        out the plans whose gradients or state that loop could see; ``exchange`` patches its
+        dense layers. ``OverlapCallback`` and ``make_train_step(step_fn, model)`` pass it. A
+        no-op otherwise."""
+        self._hvdo.attach_model(model, loop)
 
     def take_retrace(self) -> bool:
         """True once, after the first traced step of a deferring strategy: that step could not
@@ -324,11 +332,16 @@ def DistributedOptimizer(  # noqa: N802 -- same name as Horovod's factory
         st = get_strategy(c.strategy)
         sets = settings if not chosen.tuned else replace(
             settings, name=f"{prefix}.{c.strategy}.{c.bucket_bytes}.{c.defer}")
-        planner = Planner(st, replace(plan_options, bucket_bytes=c.bucket_bytes
-                                      or DEFAULT_BUCKET_BYTES, defer=c.defer), sparse_as_dense)
+        options = replace(plan_options, bucket_bytes=c.bucket_bytes or DEFAULT_BUCKET_BYTES,
+                          defer=c.defer)
+        if c.exchange:  # one of auto's sharded plans, with the dense factor exchange
+            options = replace(options, exchange=AUTO, exchange_forward=c.exchange)
+        planner = Planner(st, options, sparse_as_dense)
         method = default_method(sets, fused_by_horovod=c.strategy == "horovod", shards=st.shards)
         return make_executor(st, wrapped, plain, planner, method, sets,
-                             backward_passes_per_step, average_aggregated_gradients)
+                             backward_passes_per_step, average_aggregated_gradients,
+                             MirroredShardedExecutor if isinstance(chosen, Auto)
+                             else ShardedExecutor)
 
     size = getattr(chosen, "bucket_bytes", 0)
     defer_ = getattr(chosen, "defer", None)

@@ -64,10 +64,19 @@ class ShardedState:
                 self.params[b.bucket] = tf.Variable(
                     own_slice(b, arrays, rank), trainable=False,
                     name=f"{self.name}_shard{b.bucket}")
-            self.slots = _build_slots(self.opt, self.params, build_slots)
+            self.slots = self._make_slots(build_slots)
             self.decay_masks = _decay_masks(self.opt, layout, variables, rank)
             self.layout = layout
-            self.checkpoint.apply_pending()  # eagerly, once (not an op of the train step)
+            self._initial_state()  # eagerly, once (not an op of the train step)
+
+    def _make_slots(self, build: Callable[[list[tf.Variable]], Any]
+                    ) -> dict[int, dict[str, tf.Variable]]:
+        """The optimizer's slots for the slices, by bucket and slot name."""
+        return _build_slots(self.opt, self.params, build)
+
+    def _initial_state(self) -> None:
+        """The slots' values once made: what a checkpoint restored before, if anything."""
+        self.checkpoint.apply_pending()
 
     def hand_over(self, successor: ShardedState) -> None:
         """A plan switch (``auto``): the successor's slices, cut by its own plan, start from

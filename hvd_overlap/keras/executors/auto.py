@@ -43,11 +43,16 @@ from hvd_overlap.comm.methods import Grad, GradientMethod, SliceMethod
 from hvd_overlap.comm.planner import Planner
 from hvd_overlap.core import autoplan
 from hvd_overlap.core.autoplan import Candidate
+from hvd_overlap.core.exchange import AUTO
 from hvd_overlap.core.plan import Plan, VarSpec
 from hvd_overlap.core.trial import TrialClock
+from hvd_overlap.keras.exchange_choice import DenseExchanges
+from hvd_overlap.keras.executors.auto_pool import dense_batches, exchange_blocker, usable_pool
 from hvd_overlap.keras.executors.base import Executor, Plain
 from hvd_overlap.keras.executors.forward_phase import ForwardPhase
-from hvd_overlap.keras.executors.step_state import Gradients
+from hvd_overlap.keras.executors.mirrored import MirroredShardedExecutor
+from hvd_overlap.keras.executors.sharded import ShardedExecutor
+from hvd_overlap.keras.executors.step_state import Gradients, TrainLoop
 from hvd_overlap.keras.flops import layer_flops_by_name
 
 #: steps of a trial: room for a deferring plan's two traced steps and the step after them...
@@ -95,6 +100,12 @@ class AutoExecutor(Executor):
         self._marks = ForwardPhase("auto")  # which graphs run the pre-forward phase
         self._specs: tuple[VarSpec, ...] | None = None  # what the last plan was built for
         self._unrun_plan: Plan | None = None  # the current plan before its first trace
+        self.loop = TrainLoop.CUSTOM
+        #: the model's dense layers, patched once for the exchange plans (see attach_model)
+        self._dense = DenseExchanges(AUTO, settings, self._marks.installed)
+        self.left_out: list[str] = []  # plans not considered, and why (said in the plan)
+        self.settling_steps = 0   # steps run before the choice was final...
+        self.settling_s = 0.0     # ...and their wall time on this rank (traces included)
 
     # -- the executor in use ---------------------------------------------------------------
 
@@ -103,6 +114,8 @@ class AutoExecutor(Executor):
         if self._child is None:
             self._child = self._make_child(self.current)
             self._child.local_refs = self.local_refs
+            if isinstance(self._child, ShardedExecutor):
+                self._child.exchange.adopt(self._dense.layers)
         return self._child
 
     @property
@@ -120,7 +133,8 @@ class AutoExecutor(Executor):
         if plan is None:
             return None
         note = f"{self.label}: {self.current.describe()} -- {self.reason}"
-        return replace(plan, notes=plan.notes + (note,))
+        left = tuple(f"{self.label} left out {why}" for why in self.left_out)
+        return replace(plan, notes=plan.notes + (note,) + left)
 
     @property
     def planner(self) -> Planner:  # type: ignore[override]
@@ -130,9 +144,17 @@ class AutoExecutor(Executor):
         raise ValueError("strategy='auto' chooses how buckets travel; to register a bucket "
                          "method, pass a strategy (e.g. strategy='layerwise')")
 
-    def attach_model(self, model: Any) -> None:
-        """The model being trained: its layers' FLOPs shape the profile (OverlapCallback)."""
-        self.model = model
+    def attach_model(self, model: Any, loop: TrainLoop = TrainLoop.CUSTOM) -> None:
+        """The model being trained (its layers' FLOPs shape the profile) and who runs its
+        steps (which plans user code could tell apart). Where the exchange may run, its dense
+        layers are patched (once; they compute as Keras's until an exchange plan runs). Called
+        at every ``fit``'s start and after ``load_weights`` in it: a sharded plan then cuts its
+        slices again from the optimizer's state, in case that was restored."""
+        self.model, self.loop = model, loop
+        if exchange_blocker(self.loop, self.settings, self.local_refs) is None:
+            self._dense.attach(model)
+        if isinstance(self._child, MirroredShardedExecutor):
+            self._child.reload()
 
     def apply_gradients(self, grads: list[Grad], variables: list[tf.Variable],
                         args: tuple, kwargs: dict,
@@ -203,6 +225,8 @@ class AutoExecutor(Executor):
         after every step, by ``OverlapCallback`` and ``make_train_step``."""
         if self.settled:
             return
+        self.settling_steps += 1
+        self.settling_s += seconds
         traced, self._seen_traces = self.traces != self._seen_traces, self.traces
         step = self._clock.observe(seconds, usable, traced)
         if step is not None:
@@ -258,6 +282,20 @@ class AutoExecutor(Executor):
         self._switch(choice)
         self.settled = True
         self._say(f"{self.label} chose {choice.describe()}: {self.reason}")
+        if hvd.rank() == 0:  # (this rank's own times: not in the log the ranks share)
+            print(f"hvd_overlap: {self.label}: {self.settling_cost()} (rank 0)",
+                  file=sys.stderr, flush=True)
+
+    def settling_cost(self) -> str:
+        """What choosing cost this rank: the steps run before the choice was final, their wall
+        time (traces included) and how much longer that was than the choice's measured step
+        would have taken."""
+        chosen = self.confirmed.get(self.current, self.measured.get(self.current))
+        extra = ""
+        if chosen is not None and math.isfinite(chosen):
+            extra = (f", {self.settling_s - self.settling_steps * chosen:.1f} s more than "
+                     f"{self.settling_steps} steps of the choice")
+        return f"settling took {self.settling_steps} steps, {self.settling_s:.1f} s{extra}"
 
     def _rank(self, probe_s: float) -> list[Candidate]:
         """The candidates to measure next, from the simulator (or ``forced_trials``)."""
@@ -272,10 +310,14 @@ class AutoExecutor(Executor):
         link = measure_link(f"{self.settings.name}.auto.link")
         plan = self.child().last_plan
         flops = layer_flops_by_name(self.model) if self.model is not None else None
-        profile = autoplan.profile_from_specs(plan.variables, flops)
+        batches = dense_batches(self._dense.layers, plan.variables,
+                                f"{self.settings.name}.auto.batch")
+        profile = autoplan.profile_from_specs(plan.variables, flops, dense=batches)
         cluster = cluster_of(link)
         fitted = autoplan.fit_compute(profile, cluster, self.probe, probe_s)
-        ranked = autoplan.rank(fitted, cluster, self._pool(fitted))
+        pool, self.left_out = usable_pool(self._pool(fitted), self.loop, self.settings,
+                                          self.local_refs)
+        ranked = autoplan.rank(fitted, cluster, pool)
         self.predicted = {c: r.step_s for c, r in ranked}
         self.predicted.setdefault(self.probe, probe_s)
         order = autoplan.trial_order(ranked, self.probe)
@@ -308,6 +350,8 @@ class AutoExecutor(Executor):
             return
         old = self.child()
         old.flush()
+        if isinstance(old, MirroredShardedExecutor):  # its state back into the whole slots
+            old.release()
         if old.last_plan is not None:  # the variables planned for, until c traces its own
             self._specs = old.last_plan.variables
         self._child, self.current, self._unrun_plan = None, c, None

@@ -16,7 +16,7 @@ from hvd_overlap.comm.schedule import issue_backward
 from hvd_overlap.core.plan import BACKWARD, FORWARD, Plan
 from hvd_overlap.core.sharding import ShardLayout
 from hvd_overlap.keras import _compat
-from hvd_overlap.keras.executors.step_state import Gradients, Handoff
+from hvd_overlap.keras.executors.step_state import Gradients, Handoff, TrainLoop
 
 Pairs = list[tuple[Any, tf.Variable]]
 
@@ -147,8 +147,8 @@ class Executor:
     def observe_step(self, seconds: float, usable: bool = True) -> None:
         """A train step took ``seconds`` on this rank (``auto`` times its plans with it)."""
 
-    def attach_model(self, model: Any) -> None:
-        """The model being trained (``auto`` reads its layers' FLOPs)."""
+    def attach_model(self, model: Any, loop: TrainLoop = TrainLoop.CUSTOM) -> None:
+        """The model being trained (``auto`` reads its layers' FLOPs), and who runs its steps."""
 
     @property
     def shard_layout(self) -> ShardLayout:

@@ -24,16 +24,18 @@ from hvd_overlap.core.sharding import BucketSlices, ShardLayout, partition
 from hvd_overlap.keras import _compat
 from hvd_overlap.keras.exchange_choice import DenseExchanges
 from hvd_overlap.keras.executors.forward_phase import NextStepExecutor
-from hvd_overlap.keras.executors.step_state import Gradients, Stage
+from hvd_overlap.keras.executors.step_state import Gradients, Stage, TrainLoop
 from hvd_overlap.keras.sharded_state import ShardedState, plain_order, stale_state_error
 
 
 class ShardedExecutor(NextStepExecutor):
     """Each rank updates its slice; the slot variables exist for the slices only."""
 
+    state_class: type[ShardedState] = ShardedState
+
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
-        self.state = ShardedState(self.settings.name, self.opt, self.plain.cls)
+        self.state = self.state_class(self.settings.name, self.opt, self.plain.cls)
         options = self.planner.options
         self.exchange = DenseExchanges(options.exchange, self.settings, self.phase.installed,
                                        options.exchange_forward)
@@ -43,7 +45,7 @@ class ShardedExecutor(NextStepExecutor):
         self.exchange.check_method(method)
         super().set_method(method)
 
-    def attach_model(self, model: Any) -> None:
+    def attach_model(self, model: Any, loop: TrainLoop = TrainLoop.CUSTOM) -> None:
         """With ``exchange``: patch the model's dense layers the exchange can carry (before the
         first step; later, the layout is fixed and nothing changes)."""
         if self.phase.stage is Stage.UNPLANNED:

@@ -78,3 +78,13 @@ class Handoff:
         """What this ``apply_gradients`` receives (the next one receives local ones again)."""
         got, self._next = self._next, Gradients.LOCAL
         return got
+
+
+class TrainLoop(enum.Enum):
+    """Who runs the train step, as ``attach_model`` is told: what user code can see of the
+    gradients and the optimizer state between steps (``auto`` leaves out the plans it could
+    not keep invisible)."""
+
+    KERAS_FIT = "model.fit with Keras's own train_step"
+    OWN_TRAIN_STEP = "model.fit with a train_step of the model's own"
+    CUSTOM = "a custom loop (make_train_step)"

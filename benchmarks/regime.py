@@ -91,6 +91,6 @@ def bound(compute_s: float | None, sent_bytes: float | None, rate: float | None,
           queue_share: int = 1) -> float | None:
     """The physical bound of a step: max(compute-only step, bytes the rank sent / link rate),
     the bytes times ``queue_share`` when ranks share one queue. None if a figure is missing."""
-    if compute_s is None or rate is None:
+    if compute_s is None or rate is None or sent_bytes is None:
         return None
-    return max(compute_s, (sent_bytes or 0.0) * queue_share / rate)
+    return max(compute_s, sent_bytes * queue_share / rate)

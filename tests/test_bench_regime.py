@@ -50,6 +50,7 @@ def test_bound_is_compute_or_bytes_over_rate():
     assert bound(0.05, 10e6, 100e6) == pytest.approx(0.1)
     assert bound(0.05, 10e6, 100e6, queue_share=2) == pytest.approx(0.2)
     assert bound(0.05, 10e6, None) is None
+    assert bound(0.05, None, 100e6) is None  # bytes not measured: no bound
 
 
 def test_summary_reports_bounds_and_the_achieved_regime():

@@ -5,7 +5,8 @@ the repository root: ``python -m benchmarks --help`` (commands in ``benchmarks.c
 - ``worker``: the per-rank training and timing (runs under ``horovodrun``);
 - ``launch``: starts ``horovodrun`` (optionally inside an emulated network), collects results;
 - ``report``: turns raw step times into the table, JSON and plot; ``timelines``: wire times
-  and bytes from the Horovod timelines a launch records;
+  and bytes from the Horovod timelines a launch records; ``regime``: ``bench --regime``'s link
+  rate from the measured compute-only step, the achieved regime and each strategy's bound;
 - ``results``, ``exchange_results``, ``auto_results``: the docs tables over several runs
   (``scripts/bench-results``, ``scripts/exchange-bench``, ``scripts/auto-bench``);
 - ``netns``, ``hostrun``: emulated networks (network namespaces, shaped links) and Horovod

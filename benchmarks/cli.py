@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from benchmarks.config import MODEL_NAMES, BenchConfig
+from benchmarks.config import LOCAL, MODEL_NAMES, BenchConfig
 
 
 def _runs(paths: tuple[str, ...], page: str | None = None) -> list[dict]:
@@ -41,8 +41,12 @@ def main() -> None:
                                        "layerwise+auto: bucket_bytes='auto'); "
                                        "NAME#2 is a second, independent entry of a fixed "
                                        "strategy (stock,stock#2: the bench's own noise)")
-@click.option("--net", default="plain", show_default=True,
-              help="plain loopback, or an emulated link rate such as 1gbit, 500mbit (root)")
+@click.option("--net", help="plain loopback (the default), or an emulated link rate such as "
+                             "1gbit, 500mbit (root)")
+@click.option("--regime", type=float,
+              help="instead of --net: measure the compute-only step, then emulate the link "
+                   "rate at which stock's gradient bytes take REGIME times it on the wire "
+                   "(root)")
 @click.option("--net-model", type=click.Choice(["hosts", "loopback"]), default="hosts",
               show_default=True, help="emulated network: one namespace per rank on a switch, "
               "full-duplex links (hosts), or every rank on one shaped loopback (loopback)")
@@ -59,7 +63,8 @@ def main() -> None:
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="write numbers here")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="bar chart (.png)")
 def bench(model: str, np_: int, batch_size: int, steps: int, warmup: int, rounds: int,
-          strategies: str | None, net: str, net_model: str, no_pin: bool, tiny: bool,
+          strategies: str | None, net: str | None, regime: float | None, net_model: str,
+          no_pin: bool, tiny: bool,
           one_per_launch: bool, history: int, timeout: float, json_path: str | None,
           plot_path: str | None) -> None:
     """Measure every strategy against real stock Horovod (`stock`, in processes that never
@@ -68,13 +73,19 @@ def bench(model: str, np_: int, batch_size: int, steps: int, warmup: int, rounds
 
     fields = {"strategies": tuple(s.strip() for s in strategies.split(",") if s.strip())
               } if strategies is not None else {}
+    if regime is not None and net is not None:
+        raise click.UsageError("--regime chooses the link rate itself: give --net or --regime")
     try:
         cfg = BenchConfig(model=model, np=np_, batch_size=batch_size, steps=steps,
-                          warmup=warmup, rounds=rounds, net=net, net_model=net_model,
-                          pin=not no_pin, tiny=tiny, one_per_launch=one_per_launch,
-                          history=history, timeout=timeout, **fields).validate()
+                          warmup=warmup, rounds=rounds, net=net or "plain",
+                          net_model=net_model, pin=not no_pin, tiny=tiny,
+                          one_per_launch=one_per_launch, history=history, timeout=timeout,
+                          regime=regime, **fields).validate()
     except ValueError as e:
         raise click.UsageError(str(e)) from None
+    chosen: dict | None = None
+    if regime is not None:
+        cfg, chosen = _at_regime(cfg)
     click.echo(f"bench: {', '.join(cfg.strategies)} on {cfg.model}, {cfg.np} ranks, "
                f"net {cfg.net}{'' if cfg.net == 'plain' else f' ({cfg.net_model})'} ...",
                err=True)
@@ -84,9 +95,13 @@ def bench(model: str, np_: int, batch_size: int, steps: int, warmup: int, rounds
         raise click.ClickException(str(e)) from None
     if raw is None:
         return  # a rank other than 0 (already under horovodrun)
+    if chosen:
+        raw["regime"] = chosen
     summary = report.summarize(raw)
     click.echo(report.headline(raw))
     click.echo(report.format_table(summary))
+    if (line := report.regime_line(raw, summary)):
+        click.echo(line)
     for pick in raw.get("auto_choices", []):
         click.echo(f"auto, round {pick['round'] + 1}: chose {pick['choice']} after "
                    f"{pick['steps']} untimed steps ({pick['seconds']:.1f} s); measured "
@@ -97,6 +112,41 @@ def bench(model: str, np_: int, batch_size: int, steps: int, warmup: int, rounds
         report.write_json(json_path, raw, summary)
     if plot_path:
         report.plot(plot_path, {f"{model}, net {net}, {batch_size}/rank": summary})
+
+
+def _at_regime(cfg: BenchConfig) -> tuple[BenchConfig, dict]:
+    """``--regime``: measure the compute-only step, choose the rate (``benchmarks.regime``);
+    the config at that rate and what was chosen (the JSON's ``regime``)."""
+    from dataclasses import replace
+
+    from benchmarks import launch, report
+    from benchmarks import regime as reg
+    from benchmarks.netns import LOOPBACK, NetnsError, check_requirements
+    from hvd_overlap.core.sim.cluster import parse_rate
+
+    try:
+        check_requirements()
+    except NetnsError as e:
+        raise click.ClickException(f"--regime emulates the link: {e}") from None
+    click.echo(f"regime {cfg.regime:g}: measuring the compute-only step (local, plain "
+               "loopback) ...", err=True)
+    try:
+        probe = reg.measure_compute_only(cfg, lambda line: click.echo(f"  {line}", err=True))
+        compute = report.step_time(probe, LOCAL)
+        assert cfg.regime is not None
+        rate = reg.regime_rate(cfg.regime, compute, probe["grad_bytes"], probe["ranks"],
+                               shared=cfg.net_model == LOOPBACK)
+    except (launch.BenchError, RuntimeError, ValueError) as e:
+        raise click.ClickException(str(e)) from None
+    wire = reg.ring_bytes(probe["grad_bytes"], probe["ranks"])
+    click.echo(f"regime {cfg.regime:g}: compute-only step {compute * 1e3:.1f} ms, stock sends "
+               f"{wire / 2**20:.1f} MiB/rank/step: link rate {rate} "
+               f"({parse_rate(rate) * 8 / 1e6:.1f} Mbit/s, link efficiency "
+               f"{reg.LINK_EFFICIENCY:g})")
+    return replace(cfg, net=rate), {
+        "asked": cfg.regime, "rate": rate, "rate_bytes_per_s": parse_rate(rate),
+        "probe_compute_s": compute, "stock_bytes_per_rank": wire,
+        "link_efficiency": reg.LINK_EFFICIENCY}
 
 
 @main.command(context_settings={"ignore_unknown_options": True})

@@ -16,7 +16,7 @@ STOCK = "stock"
 LOCAL = "local"
 #: What runs in the clean processes (the others run in processes with the plugin loaded).
 CLEAN = (STOCK, LOCAL)
-MODEL_NAMES = ("vgg", "resnet20", "mlp", "cnn")
+MODEL_NAMES = ("vgg", "resnet20", "mlp", "cnn", "text")
 #: ``strategy="auto"``: measured when asked for (``--strategies ...,auto``), not by default
 AUTO = Auto.name
 #: ``NAME#K`` in ``--strategies`` (K >= 2): another, independent entry of the fixed strategy
@@ -81,7 +81,8 @@ class BenchConfig:
     (otherwise the plugin's strategies share one launch per round, and stock and local
     another). ``history``: untimed steps every strategy trains, in fits of 10, before its timed
     ones -- as ``auto`` does while it chooses (its choice counts towards them) --, so that every
-    strategy is timed at the same age of its process."""
+    strategy is timed at the same age of its process. ``regime``: the regime asked for with
+    ``--regime`` (``net`` is then the rate chosen for it, see ``benchmarks.regime``)."""
 
     model: str = "vgg"
     np: int = 2
@@ -98,6 +99,7 @@ class BenchConfig:
     timeout: float = 1800.0
     one_per_launch: bool = False
     history: int = 0
+    regime: float | None = None
 
     def validate(self) -> BenchConfig:
         """Raise ValueError naming the bad setting; return self."""
@@ -110,6 +112,9 @@ class BenchConfig:
                 raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
         if self.timeout <= 0:
             raise ValueError("--timeout must be positive")
+        if self.regime is not None and not self.regime > 0:
+            raise ValueError("--regime is stock's wire time / the compute-only step: a "
+                             "positive number")
         if self.history < 0:
             raise ValueError("--history is a number of untimed steps: 0 or more")
         known = (*all_strategies(), AUTO)

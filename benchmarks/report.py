@@ -30,6 +30,12 @@ time after the step's last reduce-scatter was enqueued, i.e. after backprop) / i
 all-gathers are the only other communication, overlapping the next forward).
 ``slot_mib`` is the optimizer slots one rank keeps (momentum, moments...); ``slice_mib`` the
 parameter slices a sharded rank updates (0 for the others); ``optimizer_mib`` their sum.
+
+On an emulated link, ``bound_s`` is the strategy's physical bound: max(compute-only step, the
+bytes rank 0 sent per step / the link rate) -- its link's counter where there is one, else the
+timeline's bytes; on a shared loopback all ranks' bytes pass one queue. ``regime`` (the JSON's
+top-level key, and ``regime_line``) is stock's wire time / the compute-only step, beside the
+regime ``--regime`` asked for and the rate chosen for it (``benchmarks.regime``).
 """
 
 from __future__ import annotations
@@ -47,11 +53,18 @@ Summary = dict[str, dict[str, Any]]
 
 def summarize(raw: dict[str, Any]) -> Summary:
     """The per-strategy numbers, keyed by strategy, in the order measured."""
+    from benchmarks import regime
+
     steps = {s: step_time(raw, s) for s in raw["step_times"]}
     ranks, grad = raw["ranks"], raw["grad_bytes"]
+    rate, compute = regime.link_rate(raw), regime.compute_only_s(raw, steps)
+    share = ranks if raw["config"].get("net_model") == "loopback" else 1
     out: Summary = {}
     for s, t in steps.items():
         sent = 0 if base_name(s) == LOCAL else grad
+        measured = link_bytes(raw, s)
+        if measured is None:
+            measured = ((raw.get("sent_bytes_per_step") or {}).get(s) or {}).get("all")
         out[s] = {
             "samples_per_sec": raw["global_batch"] / t,
             "step_time_s": t,
@@ -68,8 +81,44 @@ def summarize(raw: dict[str, Any]) -> Summary:
                 "wire_time_per_step_s", {}).get(s)),
             **_memory(raw.get("optimizer_state_bytes", {}).get(s)),
             **phase_hidden(t, steps.get(LOCAL), (raw.get("wire_by_collective_s") or {}).get(s)),
+            "bound_s": regime.bound(compute, 0.0 if base_name(s) == LOCAL else measured, rate,
+                                    share),
         }
     return out
+
+
+def regime_summary(raw: dict[str, Any], summary: Summary) -> dict[str, Any] | None:
+    """The regime asked for (``--regime``; None without), the one achieved (stock's wire time
+    / the compute-only step), the rate and the compute-only step used; None on the plain
+    loopback."""
+    from benchmarks import regime
+
+    rate = regime.link_rate(raw)
+    if rate is None:
+        return None
+    steps = {s: m["step_time_s"] for s, m in summary.items()}
+    chosen = raw.get("regime") or {}
+    return {"asked": chosen.get("asked"), "achieved": regime.achieved(raw, steps),
+            "rate": raw["config"]["net"], "rate_bytes_per_s": rate,
+            "compute_only_s": regime.compute_only_s(raw, steps),
+            "probe_compute_s": chosen.get("probe_compute_s"),
+            "link_efficiency": chosen.get("link_efficiency")}
+
+
+def regime_line(raw: dict[str, Any], summary: Summary) -> str:
+    """One line: the regime asked and achieved, the rate and every strategy's bound; empty on
+    the plain loopback."""
+    r = regime_summary(raw, summary)
+    if r is None:
+        return ""
+    asked = f"asked {r['asked']:g}, " if r["asked"] is not None else ""
+    compute = _num(r["compute_only_s"] and r["compute_only_s"] * 1e3, ".1f")
+    return (f"regime: {asked}achieved {_num(r['achieved'], '.2f')} (stock's wire time / "
+            f"compute-only step {compute} ms) at {r['rate']} "
+            f"({r['rate_bytes_per_s'] * 8 / 1e6:.1f} Mbit/s); bound = max(compute-only step, "
+            "bytes sent / rate): " + ", ".join(
+                f"{s} {_num(m['bound_s'] and m['bound_s'] * 1e3, '.0f')} ms"
+                for s, m in summary.items()))
 
 
 def step_time(raw: dict[str, Any], strategy: str) -> float:
@@ -159,9 +208,10 @@ def headline(raw: dict[str, Any]) -> str:
 def format_table(summary: Summary) -> str:
     """Fixed-width table, one row per strategy."""
     w = max(10, *(len(s) for s in summary))
+    bounds = any(m.get("bound_s") is not None for m in summary.values())
     lines = [f"{'strategy':<{w}} {'samples/s':>10} {'step ms':>9} {'vs stock':>10} "
              f"{'efficiency':>10} {'MiB/step':>9} {'sent MiB':>9} {'link MiB':>9} "
-             f"{'wire ms':>8} {'hidden':>7} {'slots MiB':>9}"]
+             f"{'wire ms':>8} {'hidden':>7} {'slots MiB':>9}" + (" bound ms" if bounds else "")]
     for s, m in summary.items():
         wire = m.get("wire_s")
         sent = (m.get("sent_bytes_per_rank") or {}).get("all")
@@ -173,7 +223,9 @@ def format_table(summary: Summary) -> str:
                      f"{_num(link / 2**20 if link is not None else None, '.1f'):>9} "
                      f"{_num(wire * 1e3 if wire else None, '.1f'):>8} "
                      f"{_num(m.get('hidden'), '.0%'):>7} "
-                     f"{_num(m.get('slot_mib'), '.1f'):>9}")
+                     f"{_num(m.get('slot_mib'), '.1f'):>9}"
+                     + (f" {_num(m['bound_s'] and m['bound_s'] * 1e3, '.0f'):>8}" if bounds
+                        else ""))
     lines.append("vs stock: real stock Horovod's step time (hvd.DistributedOptimizer in a process "
                  "that never imported the plugin) / this; efficiency: local (no communication) "
                  "step time / this; MiB/step: gradient bytes reduced per step; sent MiB: what "
@@ -183,7 +235,9 @@ def format_table(summary: Summary) -> str:
                  "spent on the wire per step "
                  "(Horovod timeline); hidden: 1 - (step - local step) / wire; slots MiB: "
                  "optimizer slots per rank (sharded: for its slices "
-                 "only; it also keeps the parameter slices it updates, slice_mib in the JSON)")
+                 "only; it also keeps the parameter slices it updates, slice_mib in the JSON)"
+                 + ("; bound ms: max(local step, link MiB (else sent MiB) / link rate)"
+                    if bounds else ""))
     for s, m in summary.items():
         if m.get("reduce_scatter_hidden") is not None:
             lines.append(
@@ -195,8 +249,10 @@ def format_table(summary: Summary) -> str:
 
 
 def write_json(path: str | Path, raw: dict[str, Any], summary: Summary) -> None:
-    """``{"strategies": {name: numbers}, "raw": ...}``."""
-    Path(path).write_text(json.dumps({"strategies": summary, "raw": raw}, indent=2))
+    """``{"strategies": {name: numbers}, "regime": ..., "raw": ...}`` (``regime_summary``)."""
+    Path(path).write_text(json.dumps({"strategies": summary,
+                                      "regime": regime_summary(raw, summary), "raw": raw},
+                                     indent=2))
 
 
 def plot(path: str | Path, panels: dict[str, Summary]) -> None:

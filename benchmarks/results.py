@@ -75,6 +75,64 @@ def ratio_table(runs: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+#: The page's prose on the bench models and ``--regime`` (kept with the tables it explains).
+GUIDE = """## The bench models
+
+`--model` picks one of the bench models (`hvd_overlap/tools/models.py`); each brings its own
+synthetic data, the same batch on a rank for every strategy:
+
+| model | parameters | inputs | what it stresses |
+|---|---|---|---|
+| `vgg` | 6.4 M (4.2 M in one dense layer) | random 32x32x3 images | communication |
+| `resnet20` | 0.27 M | random 32x32x3 images | compute |
+| `mlp` | 10.5 M (3072-2048-2048-10) | random 32x32x3 images | communication, little compute |
+| `cnn` | 1.1 M (the demo's digits CNN) | random 32x32x3 images | neither |
+| `text` | 1.3 M (1.28 M in the embedding) | random token ids | sparse gradients |
+
+`text` is a text classifier: an embedding of a 20000-token vocabulary, 64 wide, averaged over
+the 64 tokens of an example, a dense layer of 256 and the 10-class output. Its embedding's
+gradient is a `tf.IndexedSlices` holding only the rows of the tokens a batch contains: stock
+Horovod all-gathers those rows (it does not allreduce them), and the plugin's strategies have to
+handle a gradient that is not a dense tensor. `--tiny` divides every width by 16, the
+vocabulary too.
+
+## Regimes: `--regime R`
+
+A link rate is not an experiment that can be repeated on this machine: its compute speed has
+changed by up to 2x between days, and what decides whether overlap or fewer bytes can help is
+the regime R = stock's wire time per step / the compute-only step. R well below 1 is
+compute-bound (stock already hides most of its wire under backprop, and no plan can beat
+`local`); around 1-2 overlap matters; above 2 only fewer bytes help much.
+
+`python -m benchmarks bench --regime R` (instead of `--net`; root, as every emulated network)
+first measures the compute-only step (`local`, no communication, one launch on the plain
+loopback with the same model, batch, ranks, warm-up and steps), then chooses the link rate at
+which stock Horovod's gradient bytes per step take R times that step on the wire, and runs the
+requested strategies on the emulated network at that rate, as `--net RATE` does. Stock's bytes
+are a ring allreduce of every gradient: each rank sends 2 (P-1)/P times the gradient bytes (on
+`--net-model loopback` every rank's bytes pass the one queue). The emulated link carries about
+95% of its nominal rate (measured on vgg 32/rank at R = 2: stock's bytes / rate against its
+timeline wire time were 0.950 and 0.955 of it, so the uncorrected rate gave R = 2.10 and 2.11);
+the rate is raised by that factor (`benchmarks.regime.LINK_EFFICIENCY`). For `text` the rate
+assumes a dense allreduce of the embedding too; stock's all-gather of its rows moves other
+bytes, so the achieved regime says where it really is.
+
+The bench prints the chosen rate, and after the table the regime achieved: stock's measured
+wire time per step (from its Horovod timeline) / the compute-only step (this run's `local` if it
+ran one, else the probe's), and every strategy's physical bound: max(compute-only step, the
+bytes its rank sent per step / the link rate; the link's counters where there are some, else the
+timeline's bytes); with a rate, the table has a `bound ms` column. `--json` writes both under
+`regime` (`asked`, `achieved`, `rate`, `rate_bytes_per_s`, `compute_only_s`,
+`probe_compute_s`, `link_efficiency`) and each strategy's `bound_s`. Any `--net RATE` run reports
+its achieved regime and bounds the same way.
+
+```
+python -m benchmarks bench --model vgg --batch-size 32 --regime 2 \\
+  --strategies stock,stock#2,auto,local
+```
+"""
+
+
 def markdown(runs: list[dict[str, Any]]) -> str:
     """A model x network x strategy table, then how each run was made."""
     lines = ["# Benchmark: every strategy on the same model, data and network", "",
@@ -130,4 +188,4 @@ def markdown(runs: list[dict[str, Any]]) -> str:
     lines += ["Runs:", ""]
     for run in runs:
         lines += [f"- {report.headline(run['raw'])}", f"  `{run.get('command', '?')}`"]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n\n" + GUIDE

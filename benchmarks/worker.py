@@ -248,7 +248,8 @@ def run(job: Job) -> dict[str, Any] | None:
 
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
-    data = tf.data.Dataset.from_tensors(synthetic_batch(cfg.batch_size, seed=rank)).repeat()
+    data = tf.data.Dataset.from_tensors(
+        synthetic_batch(cfg.batch_size, seed=rank, model=cfg.model, tiny=cfg.tiny)).repeat()
     names = list(job.strategies)
     r = job.round % len(names)
     times: dict[str, float] = {}

@@ -67,9 +67,9 @@ def test_table_json_and_plot(tmp_path):
     s = report.summarize(RAW)
     rows = report.format_table(s).splitlines()
     assert rows[0].split()[:2] == ["strategy", "samples/s"]
-    # no timeline in RAW: bytes sent, wire time and hidden share are "-"
+    # no timeline in RAW: bytes sent, wire time, hidden share and the bound are "-"
     assert rows[2].split() == ["layerwise", "213.3", "600.0", "1.333x", "0.67", "24.4", "-", "-",
-                               "-", "-", "-"]
+                               "-", "-", "-", "-"]
     sent = report.summarize({**RAW, "sent_bytes_per_step": {"layerwise": {"all": 3 * 2**20}}})
     assert sent["layerwise"]["sent_bytes_per_rank"] == {"all": 3 * 2**20}
     assert report.format_table(sent).splitlines()[2].split()[6] == "3.0"

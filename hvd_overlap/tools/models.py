@@ -1,4 +1,4 @@
-"""Benchmark models for 32x32x3 inputs, 10 classes, and synthetic data for them.
+"""Benchmark models for 10 classes, and synthetic data for them (each model's own inputs).
 
 - ``vgg``: communication-heavy VGG-style CNN, 6.4 M parameters (4.2 M in one 4096x1024 dense
   layer), the model of BRIEF.md's measurements.
@@ -6,13 +6,18 @@
 - ``mlp``: large dense layers (3072-2048-2048-10), 10.5 M parameters: communication-bound.
 - ``cnn``: the CNN of ``examples/keras_digits.py`` / ``scripts/demo`` (4 conv+BN blocks, dense
   512), 1.1 M parameters.
+- ``text``: a text classifier on integer token ids (sequences of 64 from a vocabulary of 20000):
+  embedding 64 wide, average pooling, dense 256, 1.3 M parameters (1.28 M in the embedding, whose
+  gradient is sparse: ``tf.IndexedSlices`` of the tokens a batch holds).
 
-``tiny=True`` divides every width by 16 (for fast tests).
+The image models take 32x32x3 inputs. ``tiny=True`` divides every width by 16 (the vocabulary
+too; for fast tests).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import tensorflow as tf
@@ -20,6 +25,8 @@ import tensorflow as tf
 L = tf.keras.layers
 INPUT_SHAPE = (32, 32, 3)
 NUM_CLASSES = 10
+VOCAB = 20000  # the text model's vocabulary
+SEQUENCE = 64  # tokens per text example
 
 
 def _w(width: int, tiny: bool) -> int:
@@ -79,21 +86,54 @@ def cnn(tiny: bool = False) -> tf.keras.Model:
     return tf.keras.Sequential(layers, name="cnn")
 
 
-MODELS: dict[str, Callable[[bool], tf.keras.Model]] = {
-    "vgg": vgg, "resnet20": resnet20, "mlp": mlp, "cnn": cnn}
+def text(tiny: bool = False) -> tf.keras.Model:
+    """Embedding (VOCAB x 64) of SEQUENCE tokens, average over them, dense 256 ReLU, 10."""
+    return tf.keras.Sequential([
+        L.Input((SEQUENCE,), dtype="int32"), L.Embedding(_w(VOCAB, tiny), _w(64, tiny)),
+        L.GlobalAveragePooling1D(), L.Dense(_w(256, tiny), activation="relu"),
+        L.Dense(NUM_CLASSES)], name="text")
+
+
+def images(rng: np.random.Generator, batch_size: int, tiny: bool) -> np.ndarray:
+    """Random 32x32x3 images in [0, 1)."""
+    return rng.random((batch_size, *INPUT_SHAPE), dtype=np.float32)
+
+
+def tokens(rng: np.random.Generator, batch_size: int, tiny: bool) -> np.ndarray:
+    """Random token ids of the text model's vocabulary, SEQUENCE per example."""
+    return rng.integers(0, _w(VOCAB, tiny), (batch_size, SEQUENCE)).astype(np.int32)
+
+
+@dataclass(frozen=True)
+class BenchModel:
+    """A bench model: how to build it and what its synthetic inputs are."""
+
+    build: Callable[[bool], tf.keras.Model]
+    inputs: Callable[[np.random.Generator, int, bool], np.ndarray] = images
+
+
+MODELS: dict[str, BenchModel] = {
+    "vgg": BenchModel(vgg), "resnet20": BenchModel(resnet20), "mlp": BenchModel(mlp),
+    "cnn": BenchModel(cnn), "text": BenchModel(text, tokens)}
+
+
+def _bench_model(name: str) -> BenchModel:
+    if name not in MODELS:
+        raise ValueError(f"unknown model {name!r}; choose one of: {', '.join(MODELS)}")
+    return MODELS[name]
 
 
 def build_model(name: str, tiny: bool = False) -> tf.keras.Model:
     """The model called ``name`` (see ``MODELS``), freshly initialised."""
-    if name not in MODELS:
-        raise ValueError(f"unknown model {name!r}; choose one of: {', '.join(MODELS)}")
-    return MODELS[name](tiny)
+    return _bench_model(name).build(tiny)
 
 
-def synthetic_batch(batch_size: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """One batch of random images in [0, 1) and random integer labels."""
+def synthetic_batch(batch_size: int, seed: int = 0, model: str = "vgg", tiny: bool = False
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    """One batch of ``model``'s random inputs (images in [0, 1), or token ids) and random
+    integer labels."""
     rng = np.random.default_rng(seed)
-    x = rng.random((batch_size, *INPUT_SHAPE), dtype=np.float32)
+    x = _bench_model(model).inputs(rng, batch_size, tiny)
     return x, rng.integers(0, NUM_CLASSES, batch_size).astype(np.int32)
 
 

@@ -603,7 +603,12 @@ def test_auto_pools_hold_only_what_the_setting_allows():
     sgd = tf.keras.optimizers.SGD(0.1)
     probe, pool, _ = auto_choices(sgd, "auto", hvd_overlap.DEFAULT_BUCKET_BYTES, None)
     assert probe.strategy == "horovod"
-    assert {c.strategy for c in pool(prof)} == {"horovod", "layerwise", "deferred", "hybrid"}
+    every = {"horovod", "layerwise", "deferred", "hybrid", "sharded", "sharded_hybrid"}
+    assert {c.strategy for c in pool(prof)} == every
+    assert not any(c.exchange for c in pool(prof))  # no dense batch seen: no exchange priced
+    # whole-tensor clipping cannot be sharded: auto keeps to the whole-state plans
+    _, pool, _ = auto_choices(tf.keras.optimizers.SGD(0.1, clipnorm=1.0), "auto", 0, None)
+    assert {c.strategy for c in pool(prof)} == every - {"sharded", "sharded_hybrid"}
     # Nadam cannot be deferred exactly: auto keeps to the plans that apply a step at once
     _, pool, _ = auto_choices(tf.keras.optimizers.Nadam(), "auto", "auto", "auto")
     assert {c.strategy for c in pool(prof)} == {"horovod", "layerwise"}

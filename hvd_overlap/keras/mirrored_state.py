@@ -18,7 +18,12 @@ from typing import Any
 import tensorflow as tf
 
 from hvd_overlap.keras import _compat
-from hvd_overlap.keras.sharded_state import ShardedState, plain_order
+from hvd_overlap.keras.sharded_state import (
+    ShardedState,
+    legacy_slots,
+    plain_order,
+    slots_by_slice,
+)
 
 
 class MirroredState(ShardedState):
@@ -36,23 +41,16 @@ class MirroredState(ShardedState):
         build; the slices' hidden from ``variables()``."""
         self.build = build
         params = list(self.params.values())
-        owner = {_compat.shared_name(p): b for b, p in self.params.items()}
-        slots: dict[int, dict[str, tf.Variable]] = {b: {} for b in self.params}
         if _compat.is_legacy_optimizer(self.opt):
             _compat.create_legacy_slots(self.opt, self.variables)  # (only those not made yet)
             _compat.create_legacy_slots(self.opt, params)
-            for b, p in self.params.items():
-                for n in self.opt.get_slot_names():
-                    try:
-                        slots[b][n] = self.opt.get_slot(p, n)
-                    except KeyError:
-                        pass
-            self._find_legacy_whole()
+            slots = dict(zip(self.params, legacy_slots(self.opt, params), strict=True))
+            self.whole = {}
+            for i, by_name in enumerate(legacy_slots(self.opt, self.variables)):
+                for n, var in by_name.items():
+                    self.whole.setdefault(n, {})[i] = var
         else:
-            made = self._rebuild(params)
-            for v in made:
-                slot, var_name = _compat.slot_of(v)
-                slots[owner[var_name]][slot] = v
+            slots = slots_by_slice(self.opt, self.params, self._rebuild(params))
         _compat.hide_optimizer_variables(self.opt,
                                          {id(v) for d in slots.values() for v in d.values()})
         return slots
@@ -76,15 +74,6 @@ class MirroredState(ShardedState):
                 var.assign(values[k])
             self.whole.setdefault(slot, {})[index] = var
         return rest
-
-    def _find_legacy_whole(self) -> None:
-        self.whole = {}
-        for n in self.opt.get_slot_names():
-            for i, v in enumerate(self.variables):
-                try:
-                    self.whole.setdefault(n, {})[i] = self.opt.get_slot(v, n)
-                except KeyError:
-                    pass
 
     def _initial_state(self) -> None:
         self.from_whole()

@@ -225,29 +225,44 @@ def _build_slots(opt, params: dict[int, tf.Variable],
     then take them out of ``opt.variables()`` (and so out of broadcasts and the optimizer's own
     checkpoint entries)."""
     shard_vars = list(params.values())
-    slots: dict[int, dict[str, tf.Variable]] = {b: {} for b in params}
     if _compat.is_legacy_optimizer(opt):  # slots via add_slot, found by get_slot
         _compat.create_legacy_slots(opt, shard_vars)
-        for b, p in params.items():
-            for n in opt.get_slot_names():
-                try:
-                    slots[b][n] = opt.get_slot(p, n)
-                except KeyError:
-                    pass
+        slots = dict(zip(params, legacy_slots(opt, shard_vars), strict=True))
     else:  # slots appended to opt.variables, found by name
         before = {id(v) for v in opt.variables}
         _compat.mark_unbuilt(opt)  # an earlier plan's slices had slots built (auto's switch)
         build(shard_vars)
-        owner = {_compat.shared_name(p): b for b, p in params.items()}
-        for v in opt.variables:
-            if id(v) in before:
-                continue
-            slot, var_name = _compat.slot_of(v)
-            if var_name not in owner:
-                raise TypeError(f"{type(opt).__name__} made variable {v.name} that is not a slot "
-                                "of one parameter slice; the sharded strategy cannot split it")
-            slots[owner[var_name]][slot] = v
+        slots = slots_by_slice(opt, params, [v for v in opt.variables if id(v) not in before])
     _compat.hide_optimizer_variables(opt, {id(v) for d in slots.values() for v in d.values()})
+    return slots
+
+
+def legacy_slots(opt, variables: Sequence[tf.Variable]) -> list[dict[str, tf.Variable]]:
+    """A legacy optimizer's slots of each variable, by slot name (those it made)."""
+    out = []
+    for v in variables:
+        got = {}
+        for n in opt.get_slot_names():
+            try:
+                got[n] = opt.get_slot(v, n)
+            except KeyError:
+                pass
+        out.append(got)
+    return out
+
+
+def slots_by_slice(opt, params: dict[int, tf.Variable], made: Sequence[tf.Variable]
+                   ) -> dict[int, dict[str, tf.Variable]]:
+    """Keras 2.11+ slots just ``made`` for the slice variables ``params``, by bucket and slot
+    name (a slot is named after its variable)."""
+    owner = {_compat.shared_name(p): b for b, p in params.items()}
+    slots: dict[int, dict[str, tf.Variable]] = {b: {} for b in params}
+    for v in made:
+        slot, var_name = _compat.slot_of(v)
+        if var_name not in owner:
+            raise TypeError(f"{type(opt).__name__} made variable {v.name} that is not a slot "
+                            "of one parameter slice; the sharded strategy cannot split it")
+        slots[owner[var_name]][slot] = v
     return slots
 
 

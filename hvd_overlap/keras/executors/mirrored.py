@@ -36,9 +36,8 @@ class MirroredShardedExecutor(ShardedExecutor):
             self.state.to_whole()
 
     def release(self) -> None:
-        """The plan ends (auto switches away): everything lands, the state goes back whole,
-        and the exchange's layers compute as Keras's again (every rank)."""
-        self.flush()
+        """The plan ends (auto switches away, after a flush): the state goes back whole, and
+        the exchange's layers compute as Keras's again (every rank)."""
         self.state.release()
         self.exchange.deactivate()
 

@@ -58,6 +58,10 @@ def main() -> None:
 @click.option("--history", type=int, default=0, show_default=True,
               help="untimed steps every strategy trains (fits of 10) before its timed ones, as "
                    "auto does while it chooses: every strategy timed at the same process age")
+@click.option("--whole-fit", type=int, default=0, show_default=True,
+              help="first train one fit of this many steps (epochs of at most 100) per "
+                   "strategy, timed end to end: tracing and auto's settling included "
+                   "(needs --one-per-launch)")
 @click.option("--timeout", type=float, default=1800, show_default=True,
               help="seconds before the launch is stopped")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="write numbers here")
@@ -65,7 +69,8 @@ def main() -> None:
 def bench(model: str, np_: int, batch_size: int, steps: int, warmup: int, rounds: int,
           strategies: str | None, net: str | None, regime: float | None, net_model: str,
           no_pin: bool, tiny: bool,
-          one_per_launch: bool, history: int, timeout: float, json_path: str | None,
+          one_per_launch: bool, history: int, whole_fit: int, timeout: float,
+          json_path: str | None,
           plot_path: str | None) -> None:
     """Measure every strategy against real stock Horovod (`stock`, in processes that never
     import the plugin) and the compute-only bound (`local`), interleaved."""
@@ -80,7 +85,7 @@ def bench(model: str, np_: int, batch_size: int, steps: int, warmup: int, rounds
                           warmup=warmup, rounds=rounds, net=net or "plain",
                           net_model=net_model, pin=not no_pin, tiny=tiny,
                           one_per_launch=one_per_launch, history=history, timeout=timeout,
-                          regime=regime, **fields).validate()
+                          regime=regime, whole_fit=whole_fit, **fields).validate()
     except ValueError as e:
         raise click.UsageError(str(e)) from None
     chosen: dict | None = None
@@ -108,6 +113,8 @@ def bench(model: str, np_: int, batch_size: int, steps: int, warmup: int, rounds
                    + ", ".join(f"{k} {v:.1f} ms" for k, v in pick["measured_ms"].items())
                    + "".join(f"; again: {k} {v:.1f} ms"
                              for k, v in pick.get("confirmed_ms", {}).items()))
+    if (fits := report.whole_fit_lines(raw)):
+        click.echo(fits)
     if json_path:
         report.write_json(json_path, raw, summary)
     if plot_path:

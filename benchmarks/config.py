@@ -23,6 +23,8 @@ AUTO = Auto.name
 #: NAME, launched and timed as NAME is -- ``stock,stock#2`` measures the bench's own noise (an
 #: A/A control: the same code in two entries, so any ratio between them is the machine's).
 REPLICA = "#"
+#: the longest epoch of a ``--whole-fit`` run (its fit flushes at every epoch's end, as a user's)
+FIT_EPOCH_STEPS = 100
 
 
 def base_name(name: str) -> str:
@@ -82,7 +84,10 @@ class BenchConfig:
     another). ``history``: untimed steps every strategy trains, in fits of 10, before its timed
     ones -- as ``auto`` does while it chooses (its choice counts towards them) --, so that every
     strategy is timed at the same age of its process. ``regime``: the regime asked for with
-    ``--regime`` (``net`` is then the rate chosen for it, see ``benchmarks.regime``)."""
+    ``--regime`` (``net`` is then the rate chosen for it, see ``benchmarks.regime``).
+    ``whole_fit``: steps of one fit every strategy trains first, in its fresh process (epochs of
+    at most ``FIT_EPOCH_STEPS``), timed end to end -- tracing and ``auto``'s settling included,
+    what a user waits for -- before its steady steps are timed."""
 
     model: str = "vgg"
     np: int = 2
@@ -100,6 +105,7 @@ class BenchConfig:
     one_per_launch: bool = False
     history: int = 0
     regime: float | None = None
+    whole_fit: int = 0
 
     def validate(self) -> BenchConfig:
         """Raise ValueError naming the bad setting; return self."""
@@ -115,6 +121,11 @@ class BenchConfig:
         if self.regime is not None and not self.regime > 0:
             raise ValueError("--regime is stock's wire time / the compute-only step: a "
                              "positive number")
+        if self.whole_fit < 0:
+            raise ValueError("--whole-fit is a number of steps: 0 (none) or more")
+        if self.whole_fit and not self.one_per_launch:
+            raise ValueError("--whole-fit times a fit from a fresh process, as a user's: add "
+                             "--one-per-launch")
         if self.history < 0:
             raise ValueError("--history is a number of untimed steps: 0 or more")
         known = (*all_strategies(), AUTO)

@@ -181,6 +181,10 @@ def merge(cfg: BenchConfig, launches: list[dict[str, Any]]) -> dict[str, Any]:
                          for raw in launches],
             "auto_choices": [{"round": raw["round"], **raw["auto"]} for raw in launches
                              if raw.get("auto")],
+            # --whole-fit: per strategy, one fit per round (seconds end to end)
+            "whole_fit": {s: [raw["whole_fit"][s] for raw in launches
+                              if s in raw.get("whole_fit", {})]
+                          for s in cfg.strategies if cfg.whole_fit},
             # the other online checks settled before timing (the exchange's, sharded+auto's)
             "settled_checks": [{"round": raw["round"], "strategy": s, **check}
                                for raw in launches

@@ -57,7 +57,8 @@ def measure_compute_only(cfg: BenchConfig, on_progress: Callable[[str], None]) -
     the plain loopback (same warm-up, steps and pinning). Its raw result (``launch.merge``)."""
     from benchmarks import launch
 
-    probe = replace(cfg, strategies=(LOCAL,), net="plain", rounds=1, history=0, regime=None)
+    probe = replace(cfg, strategies=(LOCAL,), net="plain", rounds=1, history=0, regime=None,
+                    whole_fit=0)
     raw = launch.run_bench(probe, on_progress)
     if raw is None:
         raise ValueError("--regime measures its compute-only step in a launch of its own: run "

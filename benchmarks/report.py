@@ -248,10 +248,55 @@ def format_table(summary: Summary) -> str:
     return "\n".join(lines)
 
 
+def whole_fit_summary(raw: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """``--whole-fit``: per strategy, the median over rounds of its whole fit's seconds and of
+    its first step's, stock's whole fit over it, and (``auto``) its median settling cost."""
+    fits = {s: f for s, f in (raw.get("whole_fit") or {}).items() if f}
+    out: dict[str, dict[str, Any]] = {}
+    for s, runs in fits.items():
+        out[s] = {"steps": runs[0]["steps"], "epochs": runs[0]["epochs"],
+                  "seconds": statistics.median(r["seconds"] for r in runs),
+                  "first_step_s": statistics.median(r["first_step_s"] for r in runs),
+                  "rounds": len(runs)}
+    if "stock" in out:
+        for m in out.values():
+            m["ratio_to_stock"] = out["stock"]["seconds"] / m["seconds"]
+    picks = [p for p in raw.get("auto_choices", []) if p.get("extra_s") is not None]
+    if "auto" in out and picks:
+        out["auto"].update(settling_steps=statistics.median(p["steps"] for p in picks),
+                           settling_s=statistics.median(p["seconds"] for p in picks),
+                           settling_extra_s=statistics.median(p["extra_s"] for p in picks))
+    return out
+
+
+def whole_fit_lines(raw: dict[str, Any]) -> str:
+    """The ``--whole-fit`` figures, one line per strategy, then auto's settling against the
+    difference to stock ("" without ``--whole-fit``)."""
+    fits = whole_fit_summary(raw)
+    if not fits:
+        return ""
+    first = next(iter(fits.values()))
+    lines = [f"whole fit of {first['steps']} steps ({first['epochs']} epochs, from a fresh "
+             "process: tracing and auto's settling included; median over rounds):"]
+    for s, m in fits.items():
+        ratio = f", {m['ratio_to_stock']:.3f}x stock" if "ratio_to_stock" in m else ""
+        lines.append(f"  {s:<14} {m['seconds']:8.1f} s{ratio} (first step "
+                     f"{m['first_step_s']:.1f} s)")
+    auto, stock = fits.get("auto"), fits.get("stock")
+    if auto and stock and "settling_extra_s" in auto:
+        lines.append(f"  auto's whole fit - stock's: {auto['seconds'] - stock['seconds']:+.1f} s;"
+                     f" its settling ({auto['settling_steps']:.0f} steps, "
+                     f"{auto['settling_s']:.1f} s) cost {auto['settling_extra_s']:.1f} s more "
+                     "than as many steps of its choice")
+    return "\n".join(lines)
+
+
 def write_json(path: str | Path, raw: dict[str, Any], summary: Summary) -> None:
-    """``{"strategies": {name: numbers}, "regime": ..., "raw": ...}`` (``regime_summary``)."""
+    """``{"strategies": {name: numbers}, "regime": ..., "whole_fit": ..., "raw": ...}``
+    (``regime_summary``, ``whole_fit_summary``)."""
     Path(path).write_text(json.dumps({"strategies": summary,
-                                      "regime": regime_summary(raw, summary), "raw": raw},
+                                      "regime": regime_summary(raw, summary),
+                                      "whole_fit": whole_fit_summary(raw) or None, "raw": raw},
                                      indent=2))
 
 

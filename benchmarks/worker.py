@@ -30,6 +30,7 @@ import tensorflow as tf
 
 from benchmarks.config import (
     AUTO,
+    FIT_EPOCH_STEPS,
     LOCAL,
     STOCK,
     BenchConfig,
@@ -187,16 +188,54 @@ def age(trainee: Trainee, data: tf.data.Dataset, steps: int) -> int:
 def settle(trainee: Trainee, data: tf.data.Dataset, limit: int = 200) -> dict[str, Any]:
     """``auto`` (or the exchange's ``exchange_forward="auto"``): train (untimed) until its
     online check has chosen, in fits of 10 steps (every rank stops at the same fit: the
-    decisions are agreed). What it chose and what that cost."""
+    decisions are agreed); nothing more if it chose already (in a ``--whole-fit``). What it
+    chose and what that cost (``auto``: the steps it ran before its choice was final and their
+    time, as it reports them)."""
     ex = trainee.model.optimizer._hvdo
     steps, start = 0, time.perf_counter()
-    while steps == 0 or not ex.settled and steps < limit:
+    while (steps == 0 and not getattr(ex, "settling_steps", 0)) or \
+            not ex.settled and steps < limit:
         steps += age(trainee, data, 10)
-    out = {"settled": ex.settled, "steps": steps, "seconds": time.perf_counter() - start}
+    out = {"settled": ex.settled, "trained": steps, "steps": steps,
+           "seconds": time.perf_counter() - start}
     if not hasattr(ex, "current"):  # a sharded executor: its plan's notes say what it chose
         return {**out, "choice": "; ".join(n for n in ex.plan.notes if "exchange" in n)}
-    return {**out, "choice": ex.current.describe(), "keywords": ex.current.keywords(),
-            "log": ex.log, "measured_ms": _ms(ex.measured), "confirmed_ms": _ms(ex.confirmed)}
+    return {**out, "steps": ex.settling_steps, "seconds": ex.settling_s,
+            "extra_s": ex.settling_extra_s, "choice": ex.current.describe(),
+            "keywords": ex.current.keywords(), "log": ex.log, "measured_ms": _ms(ex.measured),
+            "confirmed_ms": _ms(ex.confirmed)}
+
+
+class FirstStep(tf.keras.callbacks.Callback):
+    """Seconds from the start of ``fit`` to the end of its first step (tracing included)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.start = self.seconds = 0.0
+
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        self.start = time.perf_counter()
+
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        if not self.seconds:
+            self.seconds = time.perf_counter() - self.start
+
+
+def whole_fit(trainee: Trainee, data: tf.data.Dataset, steps: int, tag: str) -> dict[str, Any]:
+    """One ``fit`` of ``steps`` steps (epochs of at most ``FIT_EPOCH_STEPS``) from the fresh
+    model, timed end to end: what a user waits for. Its seconds and first step's (the slowest
+    rank's: every rank waits for it)."""
+    import horovod.tensorflow as hvd
+
+    epochs = -(-steps // FIT_EPOCH_STEPS)
+    first = FirstStep()
+    start = time.perf_counter()
+    trainee.model.fit(data, epochs=epochs, steps_per_epoch=steps // epochs, verbose=0,
+                      callbacks=[first, *trainee.callbacks])
+    mine = (time.perf_counter() - start, first.seconds)
+    every = hvd.allgather_object(mine, name=f"hvdo.bench.fit.{tag}")
+    return {"steps": epochs * (steps // epochs), "epochs": epochs,
+            "seconds": max(s for s, _ in every), "first_step_s": max(f for _, f in every)}
 
 
 def _ms(times: dict[Any, float]) -> dict[str, float]:
@@ -261,6 +300,12 @@ def run(job: Job) -> dict[str, Any] | None:
     trainees = {s: Trainee(s, cfg) for s in names}
     chosen: dict[str, Any] = {}
     settled: dict[str, Any] = {}  # sharded strategies whose exchange checked online
+    fits = {s: whole_fit(trainees[s], data, cfg.whole_fit, f"{job.round}.{s}")
+            for s in names} if cfg.whole_fit else {}
+    for s, fit in fits.items():
+        if rank == 0:
+            progress(f"round {job.round + 1}/{cfg.rounds} {s:<14} whole fit of {fit['steps']} "
+                     f"steps: {fit['seconds']:.1f} s (first step {fit['first_step_s']:.1f} s)")
     if AUTO in trainees:  # before any timing: the choice is made once, in its first steps
         chosen = settle(trainees[AUTO], data)
         if rank == 0:
@@ -275,7 +320,8 @@ def run(job: Job) -> dict[str, Any] | None:
                          f"{checked['steps']} steps: {checked['choice']}")
     history: dict[str, int] = {}  # untimed steps before the timed ones (--history)
     for s in names:
-        before = (chosen if s == AUTO else settled.get(s, {})).get("steps", 0)
+        before = fits.get(s, {}).get("steps", 0) + \
+            (chosen if s == AUTO else settled.get(s, {})).get("trained", 0)
         history[s] = before + age(trainees[s], data, cfg.history - before)
     for s in names[r:] + names[:r]:
         mine = trainees[s].run(data, cfg.warmup, cfg.steps)
@@ -312,6 +358,7 @@ def run(job: Job) -> dict[str, Any] | None:
             "step_samples": samples, "step_means": means, "link_bytes_per_step": link,
             "page_faults_per_step": faults, "timelines": timelines,
             "auto": chosen, "exchange_checks": settled, "history_steps": history,
+            "whole_fit": fits,
             "optimizer_state_bytes": memory, "clean_process": clean, "plugin_modules": loaded,
             "pinned": pinned is not None, "load_avg_1min": os.getloadavg()[0],
             "horovod_env": {k: v for k, v in sorted(os.environ.items())

@@ -131,7 +131,8 @@ def test_config_validation():
     for bad in ({"model": "alexnet"}, {"steps": 0}, {"warmup": 0}, {"np": 0},
                 {"strategies": ("horovod", "nope")}, {"strategies": ()},
                 {"strategies": ("horovod", "horovod")}, {"net": "fast"}, {"timeout": 0},
-                {"net_model": "wifi"}, {"history": -1}):
+                {"net_model": "wifi"}, {"history": -1}, {"whole_fit": -1},
+                {"whole_fit": 300}):  # (a whole fit needs one_per_launch)
         with pytest.raises(ValueError):
             BenchConfig(**bad).validate()
     # replicas: NAME#K (K >= 2) of a fixed strategy that is measured too
@@ -142,6 +143,7 @@ def test_config_validation():
                               (("sharded+auto", "sharded+auto#2"), "for fixed strategies")):
         with pytest.raises(ValueError, match=says):
             BenchConfig(strategies=bad_replica).validate()
+    BenchConfig(whole_fit=300, one_per_launch=True).validate()
     cfg = BenchConfig(strategies=("horovod",), net="1gbit", net_model="loopback", history=40)
     assert BenchConfig.from_json(cfg.to_json()) == cfg
 
@@ -263,7 +265,8 @@ def test_end_to_end_auto_chooses_before_timing(tmp_path):
     result = CliRunner().invoke(main, [
         "bench", "--model", "mlp", "--tiny", "--np", "2", "--batch-size", "8", "--steps", "3",
         "--warmup", "1", "--rounds", "1", "--timeout", "300", "--strategies",
-        "stock,stock#2,auto", "--one-per-launch", "--history", "15", "--json", str(out)])
+        "stock,stock#2,auto", "--one-per-launch", "--history", "15", "--whole-fit", "40",
+        "--json", str(out)])
     assert result.exit_code == 0, result.output
     doc = json.loads(out.read_text())
     assert doc["strategies"]["auto"]["ratio_to_stock"] > 0
@@ -281,9 +284,21 @@ def test_end_to_end_auto_chooses_before_timing(tmp_path):
     fastest = min(pick["measured_ms"], key=pick["measured_ms"].get)
     assert not again or set(again) == {"horovod (stock fusion)", fastest}
     assert "auto, round 1: chose " + pick["choice"] in result.output
-    # --history: stock trained 15 untimed steps first; auto's choice counts towards them
-    assert doc["raw"]["history_steps"] == {STOCK: [15], "stock#2": [15],
-                                           AUTO: [max(15, pick["steps"])]}
+    # --whole-fit: every strategy first trained one fit of 40 steps from its fresh process,
+    # timed end to end (its first, tracing step too); auto chose in it or after it
+    fits = doc["whole_fit"]
+    assert set(fits) == {STOCK, "stock#2", AUTO}
+    for fit in fits.values():
+        assert fit["steps"] == 40 and fit["epochs"] == 1 and fit["rounds"] == 1
+        assert fit["seconds"] > fit["first_step_s"] > 0
+        assert fit["ratio_to_stock"] == pytest.approx(fits[STOCK]["seconds"] / fit["seconds"])
+    assert fits[AUTO]["settling_steps"] == pick["steps"] >= 10
+    assert fits[AUTO]["settling_extra_s"] == pytest.approx(pick["extra_s"])
+    assert "whole fit of 40 steps" in result.output
+    assert "auto's whole fit - stock's" in result.output
+    # --history: untimed steps before the timed ones, the whole fit's and auto's choice counted
+    assert doc["raw"]["history_steps"] == {STOCK: [40], "stock#2": [40],
+                                           AUTO: [40 + pick["trained"]]}
     assert "after 15 untimed" in result.output
 
 

@@ -286,16 +286,22 @@ class AutoExecutor(Executor):
             print(f"hvd_overlap: {self.label}: {self.settling_cost()} (rank 0)",
                   file=sys.stderr, flush=True)
 
+    @property
+    def settling_extra_s(self) -> float | None:
+        """How much longer the settling steps took on this rank than the choice's measured step
+        would have (None before a choice could be timed)."""
+        chosen = self.confirmed.get(self.current, self.measured.get(self.current))
+        if chosen is None or not math.isfinite(chosen):
+            return None
+        return self.settling_s - self.settling_steps * chosen
+
     def settling_cost(self) -> str:
         """What choosing cost this rank: the steps run before the choice was final, their wall
-        time (traces included) and how much longer that was than the choice's measured step
-        would have taken."""
-        chosen = self.confirmed.get(self.current, self.measured.get(self.current))
-        extra = ""
-        if chosen is not None and math.isfinite(chosen):
-            extra = (f", {self.settling_s - self.settling_steps * chosen:.1f} s more than "
-                     f"{self.settling_steps} steps of the choice")
-        return f"settling took {self.settling_steps} steps, {self.settling_s:.1f} s{extra}"
+        time (traces included) and how much longer that was than the choice would have taken."""
+        extra = self.settling_extra_s
+        more = "" if extra is None else \
+            f", {extra:.1f} s more than {self.settling_steps} steps of the choice"
+        return f"settling took {self.settling_steps} steps, {self.settling_s:.1f} s{more}"
 
     def _rank(self, probe_s: float) -> list[Candidate]:
         """The candidates to measure next, from the simulator (or ``forced_trials``)."""

@@ -257,6 +257,8 @@ def whole_fit_summary(raw: dict[str, Any]) -> dict[str, dict[str, Any]]:
         out[s] = {"steps": runs[0]["steps"], "epochs": runs[0]["epochs"],
                   "seconds": statistics.median(r["seconds"] for r in runs),
                   "first_step_s": statistics.median(r["first_step_s"] for r in runs),
+                  "epoch_s": [statistics.median(col) for col in
+                              zip(*(r.get("epoch_s", []) for r in runs), strict=True)],
                   "rounds": len(runs)}
     if "stock" in out:
         for m in out.values():
@@ -280,8 +282,9 @@ def whole_fit_lines(raw: dict[str, Any]) -> str:
              "process: tracing and auto's settling included; median over rounds):"]
     for s, m in fits.items():
         ratio = f", {m['ratio_to_stock']:.3f}x stock" if "ratio_to_stock" in m else ""
+        epochs = ", ".join(f"{e:.1f}" for e in m["epoch_s"])
         lines.append(f"  {s:<14} {m['seconds']:8.1f} s{ratio} (first step "
-                     f"{m['first_step_s']:.1f} s)")
+                     f"{m['first_step_s']:.1f} s; epochs {epochs} s)")
     auto, stock = fits.get("auto"), fits.get("stock")
     if auto and stock and "settling_extra_s" in auto:
         lines.append(f"  auto's whole fit - stock's: {auto['seconds'] - stock['seconds']:+.1f} s;"

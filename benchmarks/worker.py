@@ -206,36 +206,51 @@ def settle(trainee: Trainee, data: tf.data.Dataset, limit: int = 200) -> dict[st
             "confirmed_ms": _ms(ex.confirmed)}
 
 
-class FirstStep(tf.keras.callbacks.Callback):
-    """Seconds from the start of ``fit`` to the end of its first step (tracing included)."""
+class FitClock(tf.keras.callbacks.Callback):
+    """Seconds from the start of ``fit`` to the end of its first step (tracing included), and
+    of every step and every epoch (where a whole fit's time went)."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.start = self.seconds = 0.0
+        self.start = self.first_step_s = 0.0
+        self.last = 0.0
+        self.steps: list[float] = []
+        self.epochs: list[float] = []
 
     def on_train_begin(self, logs: dict | None = None) -> None:
         self.start = time.perf_counter()
 
+    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+        self.last = self._epoch_start = time.perf_counter()
+
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
-        if not self.seconds:
-            self.seconds = time.perf_counter() - self.start
+        now = time.perf_counter()
+        self.steps.append(now - self.last)
+        self.last = now
+        if not self.first_step_s:
+            self.first_step_s = now - self.start
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        self.epochs.append(time.perf_counter() - self._epoch_start)
 
 
 def whole_fit(trainee: Trainee, data: tf.data.Dataset, steps: int, tag: str) -> dict[str, Any]:
     """One ``fit`` of ``steps`` steps (epochs of at most ``FIT_EPOCH_STEPS``) from the fresh
     model, timed end to end: what a user waits for. Its seconds and first step's (the slowest
-    rank's: every rank waits for it)."""
+    rank's: every rank waits for it), each epoch's and rank 0's every step's."""
     import horovod.tensorflow as hvd
 
     epochs = -(-steps // FIT_EPOCH_STEPS)
-    first = FirstStep()
+    clock = FitClock()
     start = time.perf_counter()
     trainee.model.fit(data, epochs=epochs, steps_per_epoch=steps // epochs, verbose=0,
-                      callbacks=[first, *trainee.callbacks])
-    mine = (time.perf_counter() - start, first.seconds)
+                      callbacks=[clock, *trainee.callbacks])
+    mine = (time.perf_counter() - start, clock.first_step_s, clock.epochs)
     every = hvd.allgather_object(mine, name=f"hvdo.bench.fit.{tag}")
     return {"steps": epochs * (steps // epochs), "epochs": epochs,
-            "seconds": max(s for s, _ in every), "first_step_s": max(f for _, f in every)}
+            "seconds": max(e[0] for e in every), "first_step_s": max(e[1] for e in every),
+            "epoch_s": [max(col) for col in zip(*(e[2] for e in every), strict=True)],
+            "step_s": clock.steps}
 
 
 def _ms(times: dict[Any, float]) -> dict[str, float]:
@@ -304,8 +319,10 @@ def run(job: Job) -> dict[str, Any] | None:
             for s in names} if cfg.whole_fit else {}
     for s, fit in fits.items():
         if rank == 0:
+            epochs = ", ".join(f"{e:.1f}" for e in fit["epoch_s"])
             progress(f"round {job.round + 1}/{cfg.rounds} {s:<14} whole fit of {fit['steps']} "
-                     f"steps: {fit['seconds']:.1f} s (first step {fit['first_step_s']:.1f} s)")
+                     f"steps: {fit['seconds']:.1f} s (first step {fit['first_step_s']:.1f} s; "
+                     f"epochs {epochs} s)")
     if AUTO in trainees:  # before any timing: the choice is made once, in its first steps
         chosen = settle(trainees[AUTO], data)
         if rank == 0:

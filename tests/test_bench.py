@@ -291,6 +291,7 @@ def test_end_to_end_auto_chooses_before_timing(tmp_path):
     for fit in fits.values():
         assert fit["steps"] == 40 and fit["epochs"] == 1 and fit["rounds"] == 1
         assert fit["seconds"] > fit["first_step_s"] > 0
+        assert len(fit["epoch_s"]) == 1 and fit["seconds"] >= fit["epoch_s"][0] > 0
         assert fit["ratio_to_stock"] == pytest.approx(fits[STOCK]["seconds"] / fit["seconds"])
     assert fits[AUTO]["settling_steps"] == pick["steps"] >= 10
     assert fits[AUTO]["settling_extra_s"] == pytest.approx(pick["extra_s"])

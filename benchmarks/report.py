@@ -113,7 +113,13 @@ def regime_line(raw: dict[str, Any], summary: Summary) -> str:
         return ""
     asked = f"asked {r['asked']:g}, " if r["asked"] is not None else ""
     compute = _num(r["compute_only_s"] and r["compute_only_s"] * 1e3, ".1f")
-    return (f"regime: {asked}achieved {_num(r['achieved'], '.2f')} (stock's wire time / "
+    missed = ""
+    if r["asked"] and r["achieved"] and not 0.67 < r["achieved"] / r["asked"] < 1.5:
+        missed = (f"WARNING: the regime achieved is {r['achieved'] / r['asked']:.1f}x the one "
+                  "asked: the emulated link does not carry this rate (each rank's core also "
+                  "moves its bytes) or stock's wire time is not its bytes at that rate; read "
+                  "the results at the regime achieved\n")
+    return missed + (f"regime: {asked}achieved {_num(r['achieved'], '.2f')} (stock's wire time / "
             f"compute-only step {compute} ms) at {r['rate']} "
             f"({r['rate_bytes_per_s'] * 8 / 1e6:.1f} Mbit/s); bound = max(compute-only step, "
             "bytes sent / rate): " + ", ".join(

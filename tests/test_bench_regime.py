@@ -72,6 +72,10 @@ def test_summary_reports_bounds_and_the_achieved_regime():
     assert r["asked"] == 5.0 and r["rate"] == "100000kbit"
     assert r["achieved"] == pytest.approx(2.0 / 0.4)  # this run's local, not the probe's
     assert "achieved 5.00" in report.regime_line(raw, s)
+    assert "WARNING" not in report.regime_line(raw, s)
+    # a regime the emulated link could not reach is said (here: asked 0.5, achieved 5)
+    missed = {**raw, "regime": {**raw["regime"], "asked": 0.5}}
+    assert "WARNING: the regime achieved is 10.0x" in report.regime_line(missed, s)
     without_local = {**raw, "step_times": {STOCK: [2.2]}}
     s2 = report.summarize(without_local)
     assert report.regime_summary(without_local, s2)["achieved"] == pytest.approx(2.0 / 0.5)

@@ -208,11 +208,12 @@ def settle(trainee: Trainee, data: tf.data.Dataset, limit: int = 200) -> dict[st
 
 class FitClock(tf.keras.callbacks.Callback):
     """Seconds from the start of ``fit`` to the end of its first step (tracing included), and
-    of every step and every epoch (where a whole fit's time went)."""
+    of every step and every epoch (where a whole fit's time went); when training began and
+    ended."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.start = self.first_step_s = 0.0
+        self.start = self.first_step_s = self.end = 0.0
         self.last = 0.0
         self.steps: list[float] = []
         self.epochs: list[float] = []
@@ -233,11 +234,15 @@ class FitClock(tf.keras.callbacks.Callback):
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         self.epochs.append(time.perf_counter() - self._epoch_start)
 
+    def on_train_end(self, logs: dict | None = None) -> None:
+        self.end = time.perf_counter()
+
 
 def whole_fit(trainee: Trainee, data: tf.data.Dataset, steps: int, tag: str) -> dict[str, Any]:
     """One ``fit`` of ``steps`` steps (epochs of at most ``FIT_EPOCH_STEPS``) from the fresh
     model, timed end to end: what a user waits for. Its seconds and first step's (the slowest
-    rank's: every rank waits for it), each epoch's and rank 0's every step's."""
+    rank's: every rank waits for it), each epoch's and rank 0's every step's, and rank 0's
+    seconds in ``fit`` before its training began and after it ended (the callbacks' end)."""
     import horovod.tensorflow as hvd
 
     epochs = -(-steps // FIT_EPOCH_STEPS)
@@ -245,12 +250,13 @@ def whole_fit(trainee: Trainee, data: tf.data.Dataset, steps: int, tag: str) -> 
     start = time.perf_counter()
     trainee.model.fit(data, epochs=epochs, steps_per_epoch=steps // epochs, verbose=0,
                       callbacks=[clock, *trainee.callbacks])
-    mine = (time.perf_counter() - start, clock.first_step_s, clock.epochs)
+    end = time.perf_counter()
+    mine = (end - start, clock.first_step_s, clock.epochs)
     every = hvd.allgather_object(mine, name=f"hvdo.bench.fit.{tag}")
     return {"steps": epochs * (steps // epochs), "epochs": epochs,
             "seconds": max(e[0] for e in every), "first_step_s": max(e[1] for e in every),
             "epoch_s": [max(col) for col in zip(*(e[2] for e in every), strict=True)],
-            "step_s": clock.steps}
+            "step_s": clock.steps, "before_s": clock.start - start, "after_s": end - clock.end}
 
 
 def _ms(times: dict[Any, float]) -> dict[str, float]:

@@ -79,10 +79,10 @@ def test_constructing_the_optimizer_under_keras_3_fails_before_anything_else(ker
 
 
 def test_importing_the_plugin_under_keras_3_fails_at_once():
-    """A fresh process whose ``keras`` package (the one behind ``tf.keras`` on TF 2.15) says
+    """A fresh process (Horovod imported first) whose package behind ``tf.keras`` then says
     3.6.0 and TensorFlow 2.17.1: ``import hvd_overlap.keras`` raises, naming the fix."""
     fake = ("import os, sys; os.environ['TF_CPP_MIN_LOG_LEVEL'] = '3'\n"
-            "import tensorflow as tf\n"
+            "import horovod.tensorflow, tensorflow as tf\n"  # Horovod reads the real version
             "package = tf.keras.__name__.split('.')[0]\n"
             "sys.modules[package].__version__ = '3.6.0'; tf.__version__ = '2.17.1'\n"
             "import hvd_overlap.keras\n")

@@ -22,7 +22,7 @@ def test_the_wheel_holds_the_runtime_and_no_lab(tmp_path):
     # built from a copy: an in-tree build leaves build/ and *.egg-info behind
     src = tmp_path / "src"
     shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(
-        ".git", ".venv", "build", "*.egg-info", "__pycache__", ".ruff_cache", "results"))
+        ".git", ".venv*", "build", "*.egg-info", "__pycache__", ".ruff_cache", "results"))
     subprocess.run([sys.executable, "-m", "pip", "wheel", str(src), "--no-deps",
                     "--no-build-isolation", "-q", "-w", str(tmp_path)], check=True, timeout=300,
                    cwd=tmp_path)

@@ -1,5 +1,10 @@
 """Keras API: ``DistributedOptimizer`` (drop-in for Horovod's) and callbacks."""
 
+# first: refuses a tf.keras that is Keras 3 (TF >= 2.16 without TF_USE_LEGACY_KERAS=1), naming
+# the fix, before anything else is imported or run
+from hvd_overlap.keras import _compat  # noqa: F401
+
+# isort: split
 from hvd_overlap.core.choice import (
     Auto,
     Deferred,

@@ -1,9 +1,14 @@
 """Every private Keras / TensorFlow / Horovod internal the plugin relies on, in one file.
 
 The rest of ``hvd_overlap`` calls public API and this module only. Each function names one
-internal, says what Keras 2.15 (TF 2.15, Horovod 0.28) does there and why the plugin needs it.
+internal, says what Keras 2.15 (TF 2.15, Horovod 0.28) does there and why the plugin needs it;
+the same internals are in tf-keras 2.17 (TF 2.17 with ``TF_USE_LEGACY_KERAS=1``).
 On a Keras upgrade, re-check this file: ``tests/test_compat.py`` asserts the version and that
 each attribute used here still exists, so it fails first, naming the attribute.
+
+The plugin needs ``tf.keras`` to be Keras 2. On TF >= 2.16 it is Keras 3 unless tf-keras is
+installed and ``TF_USE_LEGACY_KERAS=1`` is set before TensorFlow is imported: importing this
+module refuses Keras 3 at once (``require_keras_2``), before any collective.
 
 ``comm`` and ``growth`` import it inside the function that needs it (``comm`` is imported by
 ``hvd_overlap.keras`` itself, so a top-level import would be circular).
@@ -11,6 +16,7 @@ each attribute used here still exists, so it fails first, naming the attribute.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -18,8 +24,53 @@ import horovod.tensorflow as hvd
 import tensorflow as tf
 from tensorflow.python.trackable import base as _trackable
 
-#: the Keras (``tf.keras``) version this adapter was written and checked for
-KERAS_VERSION = "2.15"
+#: the Keras 2 releases behind ``tf.keras`` this adapter was checked with (``keras`` 2.15 of
+#: TF 2.15; ``tf_keras`` 2.17 of TF 2.17): ``tests/test_compat.py`` fails on any other
+KERAS_VERSIONS: tuple[str, ...] = ("2.15", "2.17")
+
+
+class KerasVersionError(ImportError):
+    """``tf.keras`` is not Keras 2 (TF >= 2.16 without tf-keras and ``TF_USE_LEGACY_KERAS=1``)."""
+
+
+def keras_behind_tf_keras() -> tuple[str, str]:
+    """(package, version) of the Keras that ``tf.keras`` resolves to: ``keras`` 2.15 on TF
+    2.15; on TF >= 2.16 ``keras`` 3.x, or ``tf_keras`` 2.x with ``TF_USE_LEGACY_KERAS=1``.
+    TF's lazy ``tf.keras`` loads that package on first use."""
+    package = tf.keras.__name__.split(".")[0]
+    return package, str(getattr(sys.modules.get(package), "__version__", "unknown"))
+
+
+def keras_3_message(tf_version: str, package: str, keras_version: str) -> str | None:
+    """Why the plugin cannot run with this ``tf.keras`` and the fix, or None if it can
+    (Keras 2). Pure, so the rule is tested with any versions."""
+    if keras_version.split(".")[0] == "2":
+        return None
+    minor = ".".join(tf_version.split(".")[:2])
+    return (f"hvd_overlap.keras needs tf.keras to be Keras 2, but on TensorFlow {tf_version} "
+            f"tf.keras is {package} {keras_version} (Keras 3). Fix: pip install "
+            f"'tf-keras=={minor}.*' (the tf-keras matching TensorFlow {minor}) and "
+            f"export TF_USE_LEGACY_KERAS=1 before TensorFlow is imported (in the environment "
+            f"of every rank, or os.environ at the very top of the script)")
+
+
+def require_keras_2() -> None:
+    """Raise ``KerasVersionError`` naming the fix unless ``tf.keras`` is Keras 2."""
+    message = keras_3_message(tf.__version__, *keras_behind_tf_keras())
+    if message:
+        raise KerasVersionError(message)
+
+
+def keras_3_object_message(obj: Any) -> str | None:
+    """The fix, if ``obj``'s class comes from a Keras 3 package (e.g. ``keras.optimizers.Adam``
+    of ``keras`` 3 while ``tf.keras`` is tf-keras): such an optimizer cannot be wrapped."""
+    package = type(obj).__module__.split(".")[0]
+    version = str(getattr(sys.modules.get(package), "__version__", ""))
+    if version.split(".")[0] != "3":
+        return None
+    return (f"{type(obj).__name__} is a Keras 3 optimizer ({package} {version}); the plugin, "
+            f"as Horovod, wraps Keras 2 ones: use tf.keras.optimizers.{type(obj).__name__} "
+            f"(tf-keras's, with TF_USE_LEGACY_KERAS=1 set before TensorFlow is imported)")
 
 #: Methods and properties of the plugin's own classes that keep a private name because Keras,
 #: TensorFlow or Horovod call them by it (their bodies call this module): (class, name, caller).
@@ -230,3 +281,6 @@ def horovod_allreduce_grads_fn(*args: Any, **kwargs: Any) -> Callable[..., Any]:
     ``hvd.DistributedOptimizer`` uses (its arguments), so the ``horovod`` strategy sends
     exactly as Horovod does."""
     return hvd._make_allreduce_grads_fn(*args, **kwargs)
+
+
+require_keras_2()  # on import: every module of hvd_overlap.keras imports this one

@@ -185,16 +185,17 @@ def age(trainee: Trainee, data: tf.data.Dataset, steps: int) -> int:
     return done
 
 
-def settle(trainee: Trainee, data: tf.data.Dataset, limit: int = 200) -> dict[str, Any]:
+def settle(trainee: Trainee, data: tf.data.Dataset, ran: int = 0,
+           limit: int = 200) -> dict[str, Any]:
     """``auto`` (or the exchange's ``exchange_forward="auto"``): train (untimed) until its
     online check has chosen, in fits of 10 steps (every rank stops at the same fit: the
-    decisions are agreed); nothing more if it chose already (in a ``--whole-fit``). What it
-    chose and what that cost (``auto``: the steps it ran before its choice was final and their
-    time, as it reports them)."""
+    decisions are agreed), at least one fit unless ``ran`` steps were trained before (a
+    ``--whole-fit``), nothing more if it chose in them. What it chose and what that cost
+    (``auto``: the steps it ran before its choice was final and their time, as it reports
+    them)."""
     ex = trainee.model.optimizer._hvdo
     steps, start = 0, time.perf_counter()
-    while (steps == 0 and not getattr(ex, "settling_steps", 0)) or \
-            not ex.settled and steps < limit:
+    while steps + ran == 0 or not ex.settled and steps < limit:
         steps += age(trainee, data, 10)
     out = {"settled": ex.settled, "trained": steps, "steps": steps,
            "seconds": time.perf_counter() - start}
@@ -330,14 +331,15 @@ def run(job: Job) -> dict[str, Any] | None:
                      f"steps: {fit['seconds']:.1f} s (first step {fit['first_step_s']:.1f} s; "
                      f"epochs {epochs} s)")
     if AUTO in trainees:  # before any timing: the choice is made once, in its first steps
-        chosen = settle(trainees[AUTO], data)
+        chosen = settle(trainees[AUTO], data, ran=fits.get(AUTO, {}).get("steps", 0))
         if rank == 0:
             progress(f"round {job.round + 1}/{cfg.rounds} auto chose {chosen['choice']} in "
                      f"{chosen['steps']} steps ({chosen['seconds']:.1f} s)")
     for s in names:  # the exchange's online check, likewise (untimed)
         if s != AUTO and getattr(trainees[s].model.optimizer, "_hvdo", None) is not None \
                 and not getattr(trainees[s].model.optimizer._hvdo, "settled", True):
-            checked = settled[s] = settle(trainees[s], data)
+            checked = settled[s] = settle(trainees[s], data,
+                                          ran=fits.get(s, {}).get("steps", 0))
             if rank == 0:
                 progress(f"round {job.round + 1}/{cfg.rounds} {s} settled in "
                          f"{checked['steps']} steps: {checked['choice']}")

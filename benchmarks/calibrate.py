@@ -1,15 +1,17 @@
 """Measured per-collective costs of Horovod on this host: the simulator's calibration.
 
-``python -m benchmarks calibrate --net plain --net 1gbit --json FILE`` starts 2 local ranks (Gloo,
+``python -m benchmarks calibrate --net plain --net 1gbit --json FILE`` starts 2 ranks (Gloo,
 each pinned to its own core, as the benchmark) once per network and per Horovod cycle time, and
-times back-to-back eager allreduces of a few sizes on each. From the times it fits
+times back-to-back eager allreduces of a few sizes on each (``--np 2 --np 3 --np 4``: the same at
+each rank count, ranks beyond the cores sharing them as the benchmark's do; how the costs grow
+with the ranks is then fitted, ``hvd_overlap.core.sim.laws``). From the times it fits
 
 - ``overhead_s``: the fixed cost of one collective with a cycle so short that it does not count
   (``HOROVOD_CYCLE_TIME=0.1``): negotiation, the Gloo round trip, the op's dispatch;
 - ``cycle_period_s``: the same tiny allreduce with Horovod's default cycle (1 ms), whose
   thread starts at most one round of collectives per cycle;
-- ``bandwidth``: bytes/s, from a straight-line fit of time against size over both runs
-  (2 ranks: a ring allreduce of n bytes moves n bytes per rank);
+- ``bandwidth``: bytes/s, from a straight-line fit of time against size over both runs, in
+  ring terms (a ring allreduce of n bytes moves 2 (P-1)/P n bytes per rank: n at 2 ranks);
 - ``reduce_scatter_bandwidth`` / ``allgather_bandwidth``: the same fit for Horovod's
   reduce-scatter and all-gather (n bytes in all; each moves (P-1)/P n per rank on a ring, half an
   allreduce, but Gloo's implementations do not all reach the link's rate: on emulated hosts with
@@ -164,7 +166,7 @@ def fit(short: dict[str, Any], default: dict[str, Any]) -> dict[str, float]:
     return {
         "overhead_s": short["sizes"][str(min(int(n) for n in short["sizes"]))]["wall_s"],
         "cycle_period_s": default["sizes"][str(min(int(n) for n in default["sizes"]))]["wall_s"],
-        "bandwidth": 1.0 / slope,
+        "bandwidth": 2 * (ranks - 1) / ranks / slope,  # ring terms, as Cluster.allreduce
         **phase_bw,
         "tensor_s": statistics.fmean(per_tensor),
         "cpu_steal": default["steal"]["cpu_steal"],
@@ -172,9 +174,10 @@ def fit(short: dict[str, Any], default: dict[str, Any]) -> dict[str, float]:
     }
 
 
-def _launch(net: str, cycle_ms: float | None, timeout: float, net_model: str) -> dict[str, Any]:
-    """One 2-rank measurement on ``net``: this machine's loopback, one shaped loopback, or two
-    emulated hosts (``net_model``), as the benchmark runs them."""
+def _launch(net: str, cycle_ms: float | None, timeout: float, net_model: str,
+            ranks: int = 2, repeats: int = 9) -> dict[str, Any]:
+    """One measurement of ``ranks`` ranks on ``net``: this machine's loopback, one shaped
+    loopback, or ``ranks`` emulated hosts (``net_model``), as the benchmark runs them."""
     from benchmarks.hostrun import run_on_hosts
     from benchmarks.launch import (
         ENV_DEFAULTS,
@@ -196,33 +199,36 @@ def _launch(net: str, cycle_ms: float | None, timeout: float, net_model: str) ->
         env["HOROVOD_CYCLE_TIME"] = str(cycle_ms)
     with ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="hvdo-cal-")))
-        worker = [sys.executable, "-m", "benchmarks.calibrate", str(tmp / "out.json")]
+        worker = [sys.executable, "-m", "benchmarks.calibrate", str(tmp / "out.json"), str(repeats)]
         if rate is not None and net_model == HOSTS:
-            hosts = stack.enter_context(emulated_hosts(2, rate))
+            hosts = stack.enter_context(emulated_hosts(ranks, rate))
             with open(tmp / "log", "w") as log:
                 code = run_on_hosts(worker, hosts, timeout=timeout, on_line=log.write,
                                     env={**os.environ, **env})
         else:
-            cmd = horovodrun_command(2, worker)
+            cmd = horovodrun_command(ranks, worker)
             if rate is not None:
                 cmd = exec_prefix(stack.enter_context(shaped_namespace(rate))) + cmd
             code = run_logged(cmd, tmp / "log", timeout, lambda _line: None, env=env)
         out = tmp / "out.json"
         if code != 0 or not out.exists():
             tail = "\n".join((tmp / "log").read_text().splitlines()[-20:])
-            raise BenchError(f"calibration on net {net} failed (exit {code}):\n{tail}")
+            raise BenchError(f"calibration of {ranks} ranks on net {net} failed (exit {code}):"
+                             f"\n{tail}")
         return json.loads(out.read_text())
 
 
-def calibrate(net: str, timeout: float = 600.0, net_model: str = "hosts") -> dict[str, Any]:
-    """Measure on ``net`` (``plain`` or a tc rate of ``net_model``) with a short and the
-    default cycle."""
-    short = _launch(net, SHORT_CYCLE_MS, timeout, net_model)
-    default = _launch(net, None, timeout, net_model)
+def calibrate(net: str, timeout: float = 600.0, net_model: str = "hosts",
+              ranks: int = 2, repeats: int = 9) -> dict[str, Any]:
+    """Measure ``ranks`` ranks on ``net`` (``plain`` or a tc rate of ``net_model``) with a short
+    and the default cycle, each timing the median of ``repeats`` collectives (fewer: quicker
+    on a slow link)."""
+    short = _launch(net, SHORT_CYCLE_MS, timeout, net_model, ranks, repeats)
+    default = _launch(net, None, timeout, net_model, ranks, repeats)
     return {"fit": fit(short, default), "short_cycle": short, "default_cycle": default}
 
 
 if __name__ == "__main__":
-    result = measure()
+    result = measure(int(sys.argv[2]) if len(sys.argv) > 2 else 9)
     if result is not None:
         Path(sys.argv[1]).write_text(json.dumps(result, indent=2))

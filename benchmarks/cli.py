@@ -191,43 +191,177 @@ def hostrun(np_: int, net: str, no_pin: bool, timeout: float, command: tuple[str
               help="plain, or an emulated rate such as 1gbit (root); repeat for several")
 @click.option("--net-model", type=click.Choice(["hosts", "loopback"]), default="hosts",
               show_default=True, help="emulated network of the rates (see bench)")
+@click.option("--np", "ranks", type=int, multiple=True, default=(2,), show_default=True,
+              help="rank counts (emulated hosts, or local ranks); repeat for several, 2 "
+                   "among them: how the costs grow with the ranks is then fitted")
+@click.option("--repeats", type=int, default=9, show_default=True,
+              help="collectives timed per size (their median counts)")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), required=True)
 @click.option("--merge", is_flag=True, help="keep the networks already in the JSON file")
 @click.option("--timeout", type=float, default=600, show_default=True)
-def calibrate(nets: tuple[str, ...], net_model: str, json_path: str, merge: bool,
-              timeout: float) -> None:
-    """Measure Horovod's per-collective costs here (2 ranks, Gloo, pinned): the simulator's
-    negotiation, per-tensor cost, bandwidth per collective type and CPU steal per network.
+def calibrate(nets: tuple[str, ...], net_model: str, ranks: tuple[int, ...], repeats: int,
+              json_path: str, merge: bool, timeout: float) -> None:
+    """Measure Horovod's per-collective costs here (Gloo, pinned): the simulator's
+    negotiation, per-tensor cost, bandwidth per collective type and CPU steal per network,
+    and with several ``--np`` the laws by which they grow with the ranks.
     Networks are keyed by their label: ``plain``, ``1gbit hosts``, ``1gbit loopback``."""
     from benchmarks import calibrate as cal
     from benchmarks.launch import BenchError
+    from benchmarks.netns import parse_net
     from benchmarks.validation import OVERHEADS_FORMAT, net_key
+    from hvd_overlap.core.sim.cluster import parse_rate
+    from hvd_overlap.core.sim.laws import fit_laws
 
+    counts = sorted(set(ranks))
+    if repeats < 1:
+        raise click.UsageError("--repeats: at least 1")
+    if 2 not in counts or min(counts) < 2:
+        raise click.UsageError("--np: rank counts of 2 or more, 2 among them (the laws are "
+                               "anchored at 2 ranks)")
     old = json.loads(Path(json_path).read_text()) if merge and Path(json_path).exists() else {}
     out: dict[str, dict] = dict(old.get("nets", {}))
     commands = [old["command"]] if old.get("command") else []
     for net in nets:
         key = net_key(net, net_model)
-        try:
-            out[key] = cal.calibrate(net, timeout, net_model)
-        except (BenchError, RuntimeError, ValueError) as e:
-            raise click.ClickException(str(e)) from None
-        f = out[key]["fit"]
-        phases = ", ".join(f"{k.split('_bandwidth')[0]} {f[k] / 1e6:.0f} MB/s" for k in
-                           ("reduce_scatter_bandwidth", "allgather_bandwidth",
-                            "alltoall_gather_bandwidth") if k in f)
-        click.echo(f"{key}: overhead {f['overhead_s'] * 1e3:.3f} ms, cycle period "
-                   f"{f['cycle_period_s'] * 1e3:.3f} ms, bandwidth {f['bandwidth'] / 1e6:.0f} "
-                   f"MB/s, {f['tensor_s'] * 1e6:.0f} us/tensor, cpu steal "
-                   f"{f['cpu_steal']:.2f}, comm slowdown {f['comm_slowdown']:.2f}; {phases}")
+        by_ranks: dict[int, dict] = {}
+        for p in counts:
+            try:
+                by_ranks[p] = cal.calibrate(net, timeout, net_model, p, repeats)
+            except (BenchError, RuntimeError, ValueError) as e:
+                raise click.ClickException(str(e)) from None
+            click.echo(f"{key}, {p} ranks: {_calibration_line(by_ranks[p]['fit'])}")
+        out[key] = {**by_ranks[2]}
+        if len(counts) > 1:
+            rate = parse_net(net)
+            out[key]["ranks"] = {str(p): m for p, m in by_ranks.items() if p != 2}
+            laws = fit_laws({p: m["fit"] for p, m in by_ranks.items()},
+                            None if rate is None else parse_rate(rate))
+            out[key]["laws"] = laws
+            click.echo(f"{key}: {_laws_line(laws)}")
     commands.append(f"python -m benchmarks calibrate --net-model {net_model} "
-                    + " ".join(f"--net {n}" for n in nets) + f" --json {json_path}"
+                    + " ".join(f"--net {n}" for n in nets)
+                    + "".join(f" --np {p}" for p in counts)
+                    + (f" --repeats {repeats}" if repeats != 9 else "") + f" --json {json_path}"
                     + (" --merge" if merge else ""))
     Path(json_path).write_text(json.dumps({
-        "format": OVERHEADS_FORMAT, "what": "2 ranks, Horovod over Gloo, pinned; see "
+        "format": OVERHEADS_FORMAT, "what": "Horovod over Gloo, pinned, at 2 ranks (a net's "
+        "'fit') and at the rank counts of its 'ranks', with the laws fitted over them; see "
         "benchmarks/calibrate.py", "command": "; ".join(commands), "nets": out,
         **({"cluster_defaults": old["cluster_defaults"]} if "cluster_defaults" in old else {})},
         indent=1))
+
+
+def _calibration_line(f: dict) -> str:
+    phases = ", ".join(f"{k.split('_bandwidth')[0]} {f[k] / 1e6:.0f} MB/s" for k in
+                       ("reduce_scatter_bandwidth", "allgather_bandwidth",
+                        "alltoall_gather_bandwidth") if k in f)
+    return (f"overhead {f['overhead_s'] * 1e3:.3f} ms, cycle period "
+            f"{f['cycle_period_s'] * 1e3:.3f} ms, bandwidth {f['bandwidth'] / 1e6:.0f} MB/s, "
+            f"{f['tensor_s'] * 1e6:.0f} us/tensor, cpu steal {f['cpu_steal']:.2f}, comm "
+            f"slowdown {f['comm_slowdown']:.2f}; {phases}")
+
+
+def _laws_line(laws: dict) -> str:
+    parts = [f"{name} {laws[name]['law']} (worst error {laws[name]['worst']:.0%})"
+             for name in ("overhead_s", "tensor_s")]
+    parts += [f"{name} {law['share']:.2f} of the rate (worst error "
+              f"{max(abs(e) for e in law['errors'].values()):.0%})"
+              for name, law in laws.items() if isinstance(law, dict) and "share" in law]
+    return "; ".join(parts)
+
+
+@main.command()
+@click.option("--model", type=click.Choice(MODEL_NAMES), default="vgg", show_default=True)
+@click.option("--np", "np_", type=int, default=4, show_default=True, help="emulated hosts")
+@click.option("--batch-size", type=int, default=32, show_default=True, help="per rank")
+@click.option("--steps", type=int, default=10, show_default=True,
+              help="timed steps of the compute-only probe")
+@click.option("--warmup", type=int, default=5, show_default=True)
+@click.option("--regime", type=float, help="choose the rate as bench --regime does")
+@click.option("--net", help="instead of --regime: the link rate (tc syntax)")
+@click.option("--net-model", type=click.Choice(["hosts", "loopback"]), default="hosts",
+              show_default=True)
+@click.option("--strategies", default="stock,sharded,sharded+exchange", show_default=True,
+              help="bench names; the best allreduce plan (layerwise or hybrid) is always added")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), required=True)
+def predict(model: str, np_: int, batch_size: int, steps: int, warmup: int,
+            regime: float | None, net: str | None, net_model: str, strategies: str,
+            json_path: str) -> None:
+    """Predict a bench configuration before measuring it: measure only its compute-only step,
+    choose the link, write the simulator's step times (``benchmarks.prediction``) and the bench
+    command that measures them."""
+    import datetime
+    from dataclasses import replace
+
+    from benchmarks import launch, report
+    from benchmarks import prediction as pred
+    from benchmarks import regime as reg
+    from hvd_overlap.core.sim.cluster import parse_rate
+
+    if (regime is None) == (net is None):
+        raise click.UsageError("give --regime or --net")
+    names = tuple(x.strip() for x in strategies.split(",") if x.strip())
+    try:
+        cfg = BenchConfig(model=model, np=np_, batch_size=batch_size, steps=steps,
+                          warmup=warmup, rounds=1, strategies=(LOCAL,), net=net or "plain",
+                          net_model=net_model, regime=regime).validate()
+        probe = reg.measure_compute_only(cfg, lambda line: click.echo(f"  {line}", err=True))
+    except (ValueError, launch.BenchError, RuntimeError) as e:
+        raise click.ClickException(str(e)) from None
+    compute = report.step_time(probe, LOCAL)
+    if regime is not None:
+        net = reg.regime_rate(regime, compute, probe["grad_bytes"], probe["ranks"],
+                              shared=net_model == "loopback")
+    assert net is not None
+    try:
+        out = pred.predict(model, batch_size, compute, net, np_, net_model, names)
+    except (ValueError, FileNotFoundError) as e:
+        raise click.ClickException(str(e)) from None
+    cfg = replace(cfg, net=net)
+    strategies_run = ",".join(dict.fromkeys((*names, out["best_allreduce"], LOCAL)))
+    wire = reg.ring_bytes(probe["grad_bytes"], probe["ranks"]) / parse_rate(net)
+    out = {"format": pred.PREDICTION_FORMAT,
+           "made": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+           "config": {"model": model, "batch_size": batch_size, "np": np_, "net": net,
+                      "net_model": net_model},
+           "regime_asked": regime, "stock_ideal_wire_over_compute": wire / compute,
+           "probe_step_times_s": probe["step_times"][LOCAL], **out,
+           "bench_command": f"python -m benchmarks bench --model {model} --np {np_} "
+                            f"--batch-size {batch_size} --net {net} --net-model {net_model} "
+                            f"--strategies {strategies_run} --one-per-launch"}
+    Path(json_path).write_text(json.dumps(out, indent=1))
+    click.echo(f"{model} {batch_size}/rank, {np_} ranks, {net} {net_model}: compute-only "
+               f"{compute * 1e3:.1f} ms; predicted " + ", ".join(
+                   f"{s} {p['step_s'] * 1e3:.0f} ms" for s, p in out["predicted"].items())
+               + f"; best allreduce plan {out['best_allreduce']}")
+    click.echo(f"measure with: {out['bench_command']} --json BENCH.json")
+
+
+@main.command("check-predictions")
+@click.argument("pairs", metavar="PREDICTION.json BENCH.json ...", nargs=-1, required=True,
+                type=click.Path(exists=True, dir_okay=False))
+@click.option("--markdown", "md_path", type=click.Path(dir_okay=False),
+              help="also write the table here")
+def check_predictions(pairs: tuple[str, ...], md_path: str | None) -> None:
+    """Predictions (``predict``) against the bench runs that measured them, in pairs, with the
+    trivial predictor's error beside each row."""
+    from benchmarks import prediction as pred
+
+    if len(pairs) % 2:
+        raise click.UsageError("give PREDICTION.json BENCH.json pairs")
+    rows = []
+    for p, b in zip(pairs[::2], pairs[1::2], strict=True):
+        d = json.loads(Path(p).read_text())
+        if d.get("format") != pred.PREDICTION_FORMAT:
+            raise click.ClickException(f"{p}: not written by `python -m benchmarks predict`")
+        try:
+            rows += pred.check(d, json.loads(Path(b).read_text()))
+        except (ValueError, KeyError) as e:
+            raise click.ClickException(f"{p} against {b}: {e}") from None
+    table = pred.markdown(rows)
+    click.echo(table)
+    if md_path:
+        Path(md_path).write_text(table)
 
 
 @main.command("auto-grid")

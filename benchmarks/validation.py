@@ -25,6 +25,10 @@ from hvd_overlap.core.simulate import (
 #: measured profiles of the bench models and the calibration, made on this repository's machine
 PROFILES = Path(__file__).with_name("profiles")
 OVERHEADS = PROFILES / "overheads-gloo-2rank.json"
+#: the calibration at 2, 3 and 4 ranks with its fitted laws (``calibrate --np 2 --np 3 --np 4``),
+#: which the predictions beyond 2 ranks use; the 2-rank file stays what the 2-rank validation
+#: was made with
+OVERHEADS_BY_RANKS = PROFILES / "overheads-gloo-2to4ranks.json"
 OVERHEADS_FORMAT = "hvd-overlap-overheads/1"
 TOLERANCE = 0.15
 
@@ -57,17 +61,32 @@ def net_key(net: str, net_model: str = "loopback") -> str:
 def measured_cluster(net: str, ranks: int = 2, overheads: dict[str, Any] | None = None,
                      net_model: str = "loopback", **changes: Any) -> Cluster:
     """A cluster with every parameter measured on this host for ``net`` of ``net_model``
-    (2 ranks, Gloo). Calibrations made before network models existed are keyed by the bare
-    rate; they were measured on one shaped loopback."""
+    (Gloo). Where the network was calibrated at several rank counts, its fitted laws
+    (``hvd_overlap.core.sim.laws``) give the parameters at ``ranks``; a shaped rate never
+    calibrated takes the laws of the nearest calibrated rate of the same network model, its
+    rates scaled to this one. Otherwise the 2-rank calibration, with the simulator's default
+    laws. Calibrations made before network models existed are keyed by the bare rate; they
+    were measured on one shaped loopback."""
+    from benchmarks.netns import parse_net
+    from hvd_overlap.core.sim.cluster import parse_rate
+    from hvd_overlap.core.sim.laws import cluster_fields
+
     d = overheads or load_overheads()
     key = net_key(net, net_model)
     if key not in d["nets"] and net_model == "loopback" and net in d["nets"]:
         key = net
+    rate = parse_net(net)
+    if key not in d["nets"] and rate is not None and (near := _nearest_rate(d, rate, net_model)):
+        key = near
     if key not in d["nets"]:
         raise ValueError(f"no calibration for net {key!r} (have {', '.join(d['nets'])}): run "
                          f"`python -m benchmarks calibrate --net {net} --net-model {net_model} "
                          "--merge`")
-    f = d["nets"][key]["fit"]
+    entry = d["nets"][key]
+    if "laws" in entry:
+        fields = cluster_fields(entry["laws"], ranks, None if rate is None else parse_rate(rate))
+        return replace(Cluster(ranks=ranks, latency=0.0, **fields), **changes)
+    f = entry["fit"]
     return replace(Cluster(ranks=ranks, bandwidth=f["bandwidth"], latency=0.0,
                            negotiation_s=f["overhead_s"], tensor_s=f["tensor_s"],
                            cpu_steal=f["cpu_steal"], comm_slowdown=max(f["comm_slowdown"], 1.0),
@@ -75,6 +94,19 @@ def measured_cluster(net: str, ranks: int = 2, overheads: dict[str, Any] | None 
                            allgather_bandwidth=f.get("allgather_bandwidth"),
                            alltoall_bandwidth=f.get("alltoall_gather_bandwidth")),
                    **changes)
+
+
+def _nearest_rate(d: dict[str, Any], rate: str, net_model: str) -> str | None:
+    """The key of the calibrated shaped rate of ``net_model`` with fitted laws nearest to
+    ``rate`` (by ratio), or None."""
+    import math
+
+    from hvd_overlap.core.sim.cluster import parse_rate
+
+    want = parse_rate(rate)
+    have = {k: v["laws"]["rate"] for k, v in d["nets"].items()
+            if k.endswith(f" {net_model}") and v.get("laws", {}).get("rate")}
+    return min(have, key=lambda k: abs(math.log(have[k] / want))) if have else None
 
 
 # --- validation against `python -m benchmarks bench --json` files --------------------------

@@ -72,16 +72,16 @@ def plugin_modules() -> list[str]:
                   if any(m == p or m.startswith(p + ".") for p in RUNTIME))
 
 
-def pin_rank() -> list[int] | None:
+def pin_rank() -> list[int]:
     """Pin every thread of this process to this rank's share of the cores (as ``scripts/pin-rank``:
-    ``cores / local_size`` cores each, by ``HOROVOD_LOCAL_RANK``). None if there are too few."""
+    ``cores / local_size`` cores each, by ``HOROVOD_LOCAL_RANK``); with more ranks than cores,
+    rank k shares core ``k mod cores`` (as ``hostrun`` pins emulated hosts)."""
     cores = sorted(os.sched_getaffinity(0))
     rank = int(os.environ.get("HOROVOD_LOCAL_RANK", "0"))
     size = int(os.environ.get("HOROVOD_LOCAL_SIZE", "1"))
-    if size > len(cores):
-        return None
-    per = len(cores) // size
-    mine = cores[rank * per:(rank + 1) * per]
+    per = max(len(cores) // size, 1)
+    mine = cores[rank * per:(rank + 1) * per] if size <= len(cores) else [
+        cores[rank % len(cores)]]
     for tid in os.listdir("/proc/self/task"):  # threads started before (TF's import) as well
         try:
             os.sched_setaffinity(int(tid), mine)
@@ -298,6 +298,16 @@ def progress(message: str) -> None:
     print(PROGRESS + message, file=sys.stderr, flush=True)
 
 
+def _still_data() -> tf.data.Options:
+    """tf.data without its autotuning and injected prefetch: on one repeated in-memory batch
+    they only add threads, and their background work held Keras ``fit``'s return for up to a
+    minute after training ended (reproduced without Horovod; see docs/bench.md)."""
+    options = tf.data.Options()
+    options.autotune.enabled = False
+    options.experimental_optimization.inject_prefetch = False
+    return options
+
+
 def run(job: Job) -> dict[str, Any] | None:
     """Measure the job's strategies; the raw results on rank 0, None on the other ranks."""
     cfg = job.config
@@ -311,6 +321,7 @@ def run(job: Job) -> dict[str, Any] | None:
     rank, size = hvd.rank(), hvd.size()
     data = tf.data.Dataset.from_tensors(
         synthetic_batch(cfg.batch_size, seed=rank, model=cfg.model, tiny=cfg.tiny)).repeat()
+    data = data.with_options(_still_data())
     names = list(job.strategies)
     r = job.round % len(names)
     times: dict[str, float] = {}

@@ -7,8 +7,11 @@ Collectives cost ring-algorithm time, growing with the number of ranks P:
 - alltoall of a buffer of n bytes per rank (the dense factor exchange's inputs): each rank
   keeps 1/P and sends the rest, ``(P-1)/P n / bandwidth + (P-1) latency``;
 - every tensor adds ``tensor_s``; every cycle that carries work adds the negotiation,
-  ``negotiation_s`` measured at P=2 and grown with P by an assumed law (``log2`` by default:
-  tree / recursive-doubling coordination; ``linear``: a coordinator that talks to every rank).
+  ``negotiation_s``. Both are their cost at P=2, grown with P by a law (``GROWTH_LAWS``:
+  ``log2``, tree / recursive-doubling coordination, the negotiation's default; ``linear``, a
+  coordinator that talks to every rank; ``none``, the per-tensor cost's default). On this
+  repository's emulated hosts the law is fitted to calibrations at 2-4 ranks
+  (``python -m benchmarks calibrate --np 2 --np 3 --np 4``) instead of assumed.
 
 On a host where communication runs on the cores that compute (CPU training), the two slow each
 other down while they overlap: compute runs at ``1 - cpu_steal`` of its speed, and a transfer
@@ -39,6 +42,20 @@ def parse_rate(rate: str | float) -> float:
     return float(m.group(1)) * scale / 8
 
 
+#: how a cost measured at 2 ranks grows with the rank count P (1 at P = 2 for every law)
+GROWTH_LAWS = ("log2", "linear", "none")
+
+
+def growth(law: str, ranks: int) -> float:
+    """The factor of a 2-rank cost at ``ranks`` ranks under ``law`` (``GROWTH_LAWS``); 0 for a
+    single rank (nothing to coordinate)."""
+    if law not in GROWTH_LAWS:
+        raise ValueError(f"growth law {law!r}: choose one of {', '.join(GROWTH_LAWS)}")
+    if ranks < 2:
+        return 0.0
+    return {"log2": math.log2(ranks), "linear": ranks - 1.0, "none": 1.0}[law]
+
+
 FUSION_BYTES = 128 * 1024 * 1024  # HOROVOD_FUSION_THRESHOLD default
 CYCLE_S = 1e-3                    # HOROVOD_CYCLE_TIME default in Horovod 0.28.1 (1 ms)
 
@@ -55,6 +72,11 @@ class Cluster:
     negotiation_s: float = 0.0
     negotiation_growth: str = "log2"
     tensor_s: float = 0.0
+    tensor_growth: str = "none"
+    #: measured (ranks, negotiation seconds, per-tensor seconds) at a few rank counts
+    #: (``python -m benchmarks calibrate --np 2 --np 3 --np 4``): interpolated between them,
+    #: grown by the laws above beyond the largest; empty: the 2-rank costs and the laws
+    measured_costs: tuple[tuple[int, float, float], ...] = ()
     cpu_steal: float = 0.0
     comm_slowdown: float = 1.0
     fusion_bytes: int = FUSION_BYTES
@@ -70,14 +92,32 @@ class Cluster:
             raise ValueError("ranks must be >= 1 and bandwidth > 0")
         if not 0 <= self.cpu_steal < 1 or self.comm_slowdown < 1:
             raise ValueError("cpu_steal must be in [0, 1) and comm_slowdown >= 1")
-        if self.negotiation_growth not in ("log2", "linear", "none"):
-            raise ValueError("negotiation_growth: log2, linear or none")
+        for name in ("negotiation_growth", "tensor_growth"):
+            if getattr(self, name) not in GROWTH_LAWS:
+                raise ValueError(f"{name}: {', '.join(GROWTH_LAWS)}")
 
     def negotiation(self) -> float:
         """Seconds of one cycle's coordination among ``ranks`` ranks."""
+        return self._cost(1, self.negotiation_s, self.negotiation_growth)
+
+    def per_tensor(self) -> float:
+        """Seconds each tensor of a collective adds among ``ranks`` ranks."""
+        return self._cost(2, self.tensor_s, self.tensor_growth)
+
+    def _cost(self, column: int, at_2: float, law: str) -> float:
         p = self.ranks
-        grow = {"log2": math.log2(p), "linear": p - 1.0, "none": 1.0}[self.negotiation_growth]
-        return self.negotiation_s * grow if p > 1 else 0.0
+        if p < 2:
+            return 0.0
+        points = sorted((row[0], row[column]) for row in self.measured_costs)
+        if not points:
+            return at_2 * growth(law, p)
+        top, top_cost = points[-1]
+        if p >= top:
+            return top_cost * growth(law, p) / growth(law, top)
+        for (lo, lo_cost), (hi, hi_cost) in zip(points, points[1:], strict=False):
+            if lo <= p <= hi:
+                return lo_cost + (hi_cost - lo_cost) * (p - lo) / (hi - lo)
+        return points[0][1] * growth(law, p) / growth(law, points[0][0])
 
     def allreduce(self, nbytes: float) -> float:
         """Ring allreduce seconds."""

@@ -142,11 +142,48 @@ def test_predict_command_writes_predictions_and_the_bench_that_checks_them(tmp_p
     assert res.exit_code == 0, res.output
     d = json.loads(out.read_text())
     assert d["compute_s"] == 0.3 and d["config"]["np"] == 4
-    assert d["stock_ideal_wire_over_compute"] == pytest.approx(2 * 0.95, rel=1e-3)  # at the nominal rate
-    assert set(d["predicted"]) >= {"stock", "sharded", "sharded+exchange", "layerwise", "hybrid"}
+    # stock's ring bytes at the nominal rate, against the compute-only step
+    assert d["stock_ideal_wire_over_compute"] == pytest.approx(2 * 0.95, rel=1e-3)
+    assert set(d["predicted"]) >= {"stock", "sharded", "sharded+exchange", "layerwise",
+                                   "hybrid"}
     assert all(p["step_s"] >= 0.3 for p in d["predicted"].values())
     assert d["best_allreduce"] in ("layerwise", "hybrid")
     assert f"--np 4 --batch-size 32 --net {d['config']['net']} --net-model hosts" \
         in d["bench_command"] and d["bench_command"].endswith("--one-per-launch")
     res = CliRunner().invoke(main, ["predict", "--model", "vgg", "--json", str(out)])
     assert res.exit_code == 2 and "--regime or --net" in res.output
+
+
+def test_simulate_with_a_calibration_uses_its_costs_and_laws(tmp_path):
+    """``hvd-overlap simulate --calibration``: the measured costs at the calibrated rank counts,
+    their fitted growth beyond, the collectives' shares of the given link; without it the
+    assumed 2-rank constants."""
+    import json
+
+    from click.testing import CliRunner
+
+    from hvd_overlap.tools.cli import main
+    from hvd_overlap.tools.simulate_report import calibrated_knobs, cluster_from_options
+
+    fits = {p: _fit(p, 1e-3 * (p - 1), 1e-4) for p in (2, 3, 4)}
+    path = tmp_path / "cal.json"
+    path.write_text(json.dumps({"format": "hvd-overlap-overheads/1", "nets": {
+        "1gbit hosts": {"fit": fits[2], "laws": fit_laws(fits, 1.25e8)},
+        "old": {"fit": fits[2]}}}))
+    key, knobs = calibrated_knobs(path, None, "10gbit")
+    assert key == "1gbit hosts" and "cpu_steal" not in knobs
+    c = cluster_from_options(64, "10gbit", "0us", knobs)
+    assert c.negotiation() == pytest.approx(1e-3 * 63)  # 4 ranks' cost grown linearly
+    assert c.bandwidth == pytest.approx(0.8 * 1.25e9)  # the share of the given link
+    assert cluster_from_options(64, "10gbit", "0us", knobs,
+                                negotiation_s=5e-4).negotiation() == pytest.approx(5e-4 * 63)
+    with pytest.raises(ValueError, match="--calibration-net"):
+        calibrated_knobs(path, "nope", "10gbit")
+    args = ["simulate", "vgg16", "--np", "4,64", "--strategies", "horovod,sharded",
+            "--bandwidth", "10gbit"]
+    with_cal = CliRunner().invoke(main, [*args, "--calibration", str(path)])
+    without = CliRunner().invoke(main, args)
+    assert with_cal.exit_code == 0 and without.exit_code == 0, with_cal.output + without.output
+    assert "measured at 2, 3, 4 ranks" in with_cal.output and "linear(P)" in with_cal.output
+    assert "x log2(P)" in without.output
+    assert with_cal.output.split("\n", 1)[1] != without.output.split("\n", 1)[1]

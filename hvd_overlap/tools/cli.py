@@ -189,7 +189,13 @@ def profile(model_spec: str, batch_size: int, device_tflops: float | None, image
 @click.option("--negotiation-ms", type=float,
               help="per-cycle coordination at 2 ranks [default: measured, 2 Gloo ranks]")
 @click.option("--negotiation-growth", type=click.Choice(["log2", "linear", "none"]),
-              default="log2", show_default=True, help="how coordination grows with ranks")
+              help="how coordination grows with ranks [default: the calibration's fitted "
+                   "law, else log2]")
+@click.option("--calibration", "calibration_path", type=click.Path(exists=True, dir_okay=False),
+              help="measured costs at several rank counts (python -m benchmarks calibrate "
+                   "--np 2 --np 3 --np 4): negotiation and per-tensor costs with their fitted "
+                   "growth, each collective's share of --bandwidth")
+@click.option("--calibration-net", help="the calibration's network (e.g. '1gbit hosts')")
 @click.option("--tensor-us", type=float, help="cost per tensor [default: measured, 2 Gloo ranks]")
 @click.option("--cpu-steal", type=float, default=0.0, show_default=True,
               help="share of compute lost while a transfer runs (0 on GPUs)")
@@ -212,7 +218,8 @@ def profile(model_spec: str, batch_size: int, device_tflops: float | None, image
               help="efficiency against ranks, one panel per PROFILE (.png)")
 def simulate(profile_paths: tuple[str, ...], np_: str, bandwidth: str, latency: str,
              strategies: str, cycle_ms: float, negotiation_ms: float | None,
-             negotiation_growth: str, tensor_us: float | None, cpu_steal: float,
+             negotiation_growth: str | None, calibration_path: str | None,
+             calibration_net: str | None, tensor_us: float | None, cpu_steal: float,
              comm_slowdown: float, fusion_mb: float, bucket_mb: float, defer: int | None,
              device_tflops: float | None, published: tuple[float, ...],
              md_path: str | None, json_path: str | None, plot_path: str | None) -> None:
@@ -232,8 +239,12 @@ def simulate(profile_paths: tuple[str, ...], np_: str, bandwidth: str, latency: 
     if published and len(published) != len(profile_paths):
         raise click.UsageError("--published: one value per PROFILE")
     try:
+        calibrated, net_key = None, None
+        if calibration_path:
+            net_key, calibrated = report.calibrated_knobs(calibration_path, calibration_net,
+                                                          bandwidth)
         cluster = report.cluster_from_options(
-            2, bandwidth, latency, cycle_s=cycle_ms * 1e-3,
+            2, bandwidth, latency, calibrated, cycle_s=cycle_ms * 1e-3,
             negotiation_s=None if negotiation_ms is None else negotiation_ms * 1e-3,
             negotiation_growth=negotiation_growth,
             tensor_s=None if tensor_us is None else tensor_us * 1e-6, cpu_steal=cpu_steal,
@@ -268,11 +279,16 @@ def simulate(profile_paths: tuple[str, ...], np_: str, bandwidth: str, latency: 
                 prof, p, exchanging[0], cluster.bucket_bytes)] if exchanging else []
     except (ValueError, FileNotFoundError) as e:
         raise click.UsageError(str(e)) from None
+    measured_at = ", ".join(str(p) for p, *_ in cluster.measured_costs)
+    costs = (f"negotiation and per-tensor cost measured at {measured_at} ranks "
+             f"({calibration_path}: {net_key}), beyond them grown by "
+             f"{cluster.negotiation_growth}(P) and {cluster.tensor_growth}(P)"
+             if cluster.measured_costs else
+             f"negotiation {cluster.negotiation_s * 1e3:.3f} ms x "
+             f"{cluster.negotiation_growth}(P), {cluster.tensor_s * 1e6:.0f} us/tensor")
     click.echo(f"link {bandwidth}/rank, latency {latency}/hop, cycle {cycle_ms} ms, fusion "
-               f"{fusion_mb:g} MiB, negotiation {cluster.negotiation_s * 1e3:.3f} ms x "
-               f"{negotiation_growth}(P), {cluster.tensor_s * 1e6:.0f} us/tensor, cpu steal "
-               f"{cpu_steal}, comm slowdown {comm_slowdown}"
-               + ("" if defer is None else f", defer {defer}"))
+               f"{fusion_mb:g} MiB, {costs}, cpu steal {cpu_steal}, comm slowdown "
+               f"{comm_slowdown}" + ("" if defer is None else f", defer {defer}"))
     for path, (prof, results) in runs.items():
         click.echo(f"\n{prof.model}: batch {prof.batch_size}/rank, "
                    f"{prof.grad_bytes / 2**20:.1f} MiB of gradients, compute "

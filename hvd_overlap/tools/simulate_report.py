@@ -49,14 +49,48 @@ def parse_ranks(text: str) -> list[int]:
     return out
 
 
-def cluster_from_options(ranks: int, bandwidth: str, latency: str, **knobs: Any) -> Cluster:
+def cluster_from_options(ranks: int, bandwidth: str, latency: str,
+                         calibrated: dict[str, Any] | None = None, **knobs: Any) -> Cluster:
     """A cluster from command-line strings; negotiation and per-tensor costs default to
-    ``NEGOTIATION_S`` and ``TENSOR_S``."""
+    ``calibrated``'s (``calibrated_knobs``), else to ``NEGOTIATION_S`` and ``TENSOR_S`` grown
+    by log2 (negotiation) and not at all (per tensor). Given knobs win."""
     knobs = {k: v for k, v in knobs.items() if v is not None}
-    knobs.setdefault("negotiation_s", NEGOTIATION_S)
-    knobs.setdefault("tensor_s", TENSOR_S)
-    return Cluster(ranks=ranks, bandwidth=parse_bandwidth(bandwidth),
-                   latency=parse_duration(latency), **knobs)
+    base: dict[str, Any] = dict(calibrated or {"negotiation_s": NEGOTIATION_S,
+                                               "tensor_s": TENSOR_S})
+    if "negotiation_s" in knobs or "tensor_s" in knobs:
+        base.pop("measured_costs", None)  # a given cost replaces the measured ones
+    base.update(knobs)
+    return Cluster(ranks=ranks, **{"bandwidth": parse_bandwidth(bandwidth), **base},
+                   latency=parse_duration(latency))
+
+
+def calibrated_knobs(path: str | Path, net: str | None, bandwidth: str) -> tuple[str, dict]:
+    """``Cluster`` fields from a calibration at several rank counts (``python -m benchmarks
+    calibrate --np 2 --np 3 --np 4``, the same format for any cluster): the measured negotiation
+    and per-tensor costs with their fitted growth laws, and each collective's rate as the share
+    of the link measured at the largest calibrated rank count, applied to ``bandwidth``. Host
+    effects (CPU steal) are left out: they belong to the machine that was calibrated. Returns
+    the network's key and the fields."""
+    import json
+
+    from hvd_overlap.core.sim.laws import cluster_fields
+
+    d = json.loads(Path(path).read_text())
+    nets = {k: v for k, v in d.get("nets", {}).items() if "laws" in v}
+    if not nets:
+        raise ValueError(f"{path}: no network calibrated at several rank counts (calibrate "
+                         "with --np 2 --np 3 --np 4)")
+    if net is None and len(nets) > 1:
+        raise ValueError(f"{path} has several networks: choose one with --calibration-net "
+                         f"({', '.join(repr(k) for k in nets)})")
+    key = net if net is not None else next(iter(nets))
+    if key not in nets:
+        raise ValueError(f"--calibration-net {key!r}: {path} has {', '.join(map(repr, nets))}")
+    laws = nets[key]["laws"]
+    fields = cluster_fields(laws, max(int(p) for p in laws["ranks"]), parse_bandwidth(bandwidth))
+    for host in ("cpu_steal", "comm_slowdown"):
+        fields.pop(host)
+    return key, fields
 
 
 def format_results(results: Sequence[StepResult]) -> str:

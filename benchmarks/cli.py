@@ -291,7 +291,6 @@ def predict(model: str, np_: int, batch_size: int, steps: int, warmup: int,
     choose the link, write the simulator's step times (``benchmarks.prediction``) and the bench
     command that measures them."""
     import datetime
-    from dataclasses import replace
 
     from benchmarks import launch, report
     from benchmarks import prediction as pred
@@ -317,7 +316,6 @@ def predict(model: str, np_: int, batch_size: int, steps: int, warmup: int,
         out = pred.predict(model, batch_size, compute, net, np_, net_model, names)
     except (ValueError, FileNotFoundError) as e:
         raise click.ClickException(str(e)) from None
-    cfg = replace(cfg, net=net)
     strategies_run = ",".join(dict.fromkeys((*names, out["best_allreduce"], LOCAL)))
     wire = reg.ring_bytes(probe["grad_bytes"], probe["ranks"]) / parse_rate(net)
     out = {"format": pred.PREDICTION_FORMAT,

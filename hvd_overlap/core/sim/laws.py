@@ -101,13 +101,11 @@ def cluster_fields(laws: Mapping[str, Any], ranks: int, rate: float | None) -> d
         "cpu_steal": _nearest(laws["cpu_steal"]["by_ranks"], ranks),
         "comm_slowdown": max(_nearest(laws["comm_slowdown"]["by_ranks"], ranks), 1.0),
     }
-    names = {"bandwidth": "bandwidth", "reduce_scatter_bandwidth": "reduce_scatter_bandwidth",
-             "allgather_bandwidth": "allgather_bandwidth",
-             "alltoall_gather_bandwidth": "alltoall_bandwidth"}
-    for name, field in names.items():
+    for name in RATES:
         law = laws.get(name)
         if law is None:
             continue
+        field = "alltoall_bandwidth" if name == "alltoall_gather_bandwidth" else name
         if "shares" in law:
             out[field] = _nearest(law["shares"], ranks) * (rate or laws["rate"])
         else:

@@ -194,7 +194,7 @@ def _launch(net: str, cycle_ms: float | None, timeout: float, net_model: str,
     )
 
     rate = parse_net(net)
-    env = {k: v for k, v in ENV_DEFAULTS.items() if k != "HOROVOD_TIMELINE"}
+    env = dict(ENV_DEFAULTS)
     if cycle_ms is not None:
         env["HOROVOD_CYCLE_TIME"] = str(cycle_ms)
     with ExitStack() as stack:

@@ -66,12 +66,14 @@ def main() -> None:
               help="seconds before the launch is stopped")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="write numbers here")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="bar chart (.png)")
+@click.option("--timelines", "timeline_dir", type=click.Path(file_okay=False),
+              help="keep the Horovod timelines here (STRATEGY.json, from the timeline launches)")
 def bench(model: str, np_: int, batch_size: int, steps: int, warmup: int, rounds: int,
           strategies: str | None, net: str | None, regime: float | None, net_model: str,
           no_pin: bool, tiny: bool,
           one_per_launch: bool, history: int, whole_fit: int, timeout: float,
           json_path: str | None,
-          plot_path: str | None) -> None:
+          plot_path: str | None, timeline_dir: str | None) -> None:
     """Measure every strategy against real stock Horovod (`stock`, in processes that never
     import the plugin) and the compute-only bound (`local`), interleaved."""
     from benchmarks import launch, report
@@ -95,7 +97,8 @@ def bench(model: str, np_: int, batch_size: int, steps: int, warmup: int, rounds
                f"net {cfg.net}{'' if cfg.net == 'plain' else f' ({cfg.net_model})'} ...",
                err=True)
     try:
-        raw = launch.run_bench(cfg, lambda line: click.echo(f"  {line}", err=True))
+        raw = launch.run_bench(cfg, lambda line: click.echo(f"  {line}", err=True),
+                               timeline_dir)
     except (launch.BenchError, RuntimeError, ValueError) as e:
         raise click.ClickException(str(e)) from None
     if raw is None:

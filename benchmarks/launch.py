@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import importable
-from benchmarks.config import BenchConfig, is_clean_group
+from benchmarks.config import AUTO, LOCAL, BenchConfig, base_name, is_clean_group
 from benchmarks.hostrun import run_on_hosts, stop_all
 from benchmarks.netns import (
     HOSTS,
@@ -44,8 +44,10 @@ ENV_DEFAULTS = {
     "TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": "2", "TF_CPP_MIN_LOG_LEVEL": "2",
     "HOROVOD_STALL_CHECK_TIME_SECONDS": "30", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "60",
     "PYTHONUNBUFFERED": "1",
-    "HOROVOD_TIMELINE": "DYNAMIC",  # the worker records one timeline per strategy (wire time)
 }
+#: Only the launches that record timelines set it: set at all, it starts a writer thread on rank 0
+#: that keeps its core busy, so timed launches never do (whatever this process's environment).
+TIMELINE_ENV = {"HOROVOD_TIMELINE": "DYNAMIC"}
 
 
 class BenchError(RuntimeError):
@@ -90,9 +92,11 @@ def _progress_filter(log, on_progress: Callable[[str], None]) -> Callable[[str],
 
 
 def _environment(overrides: dict[str, str] | None = None) -> dict[str, str]:
-    """This process's environment, ``ENV_DEFAULTS`` where it sets nothing, then ``overrides``
-    (and the repository root on ``PYTHONPATH``: the ranks import ``benchmarks``)."""
+    """This process's environment less ``HOROVOD_TIMELINE``, ``ENV_DEFAULTS`` where it sets
+    nothing, then ``overrides`` (and the repository root on ``PYTHONPATH``: the ranks import
+    ``benchmarks``)."""
     env = {**{k: v for k, v in ENV_DEFAULTS.items() if k not in os.environ}, **os.environ}
+    env.pop("HOROVOD_TIMELINE", None)
     return importable({**env, **(overrides or {})})
 
 
@@ -119,21 +123,23 @@ def run_logged(cmd: list[str], log_path: Path, timeout: float,
 
 def _launch(cfg: BenchConfig, job: Job, tmp: Path, network: str | Hosts | None,
             on_progress: Callable[[str], None]) -> dict[str, Any]:
-    """Run one launch of the worker; its rank-0 results."""
+    """Run one launch of the worker (a timeline launch with ``HOROVOD_TIMELINE`` set); its
+    rank-0 results."""
     kind = job.strategies[0] if cfg.one_per_launch else (
         "clean" if is_clean_group(job.strategies) else "plugin")
-    tag = f"r{job.round}-{kind}"
+    tag = f"r{job.round}-{kind}" + ("-timeline" if job.record else "")
     job_path, out, log = tmp / f"{tag}.json", tmp / f"{tag}.out.json", tmp / "launch.log"
     job_path.write_text(job.to_json())
+    env = TIMELINE_ENV if job.record else None
     if isinstance(network, Hosts):
         with open(log, "a", buffering=1) as f:
             code = run_on_hosts(worker_command(str(job_path), str(out)), network,
                                 timeout=cfg.timeout, on_line=_progress_filter(f, on_progress),
-                                pin=cfg.pin, env=_environment())
+                                pin=cfg.pin, env=_environment(env))
     else:
         cmd = horovodrun_command(cfg.np, worker_command(str(job_path), str(out)))
         code = run_logged(cmd if network is None else exec_prefix(network) + cmd, log,
-                          cfg.timeout, on_progress)
+                          cfg.timeout, on_progress, env)
     if code != 0 or not out.exists():
         lines = log.read_text().splitlines()
         tail = "\n".join(([ln for ln in lines if ln.startswith("[")] or lines)[-30:])
@@ -142,9 +148,10 @@ def _launch(cfg: BenchConfig, job: Job, tmp: Path, network: str | Hosts | None,
     return json.loads(out.read_text())
 
 
-def merge(cfg: BenchConfig, launches: list[dict[str, Any]]) -> dict[str, Any]:
-    """One raw result from the launches: step times per strategy in round order, wire times
-    from the timelines, and what every launch recorded about its process."""
+def merge(cfg: BenchConfig, launches: list[dict[str, Any]],
+          recorded: list[dict[str, Any]]) -> dict[str, Any]:
+    """One raw result from the timed launches (step times per strategy in round order, what
+    every launch recorded about its process) and the timeline launches (wire times)."""
     from benchmarks.timelines import wire_bytes_per_step, wire_time_per_step
 
     first = launches[0]
@@ -163,10 +170,9 @@ def merge(cfg: BenchConfig, launches: list[dict[str, Any]]) -> dict[str, Any]:
             means[s].append(raw["step_means"][s])
             link[s].append(raw["link_bytes_per_step"][s])
             faults[s].append(raw.get("page_faults_per_step", {}).get(s))
-    wire = {s: wire_time_per_step(path, cfg.steps)
-            for raw in launches for s, path in raw["timelines"].items()}
-    sent = {s: wire_bytes_per_step(path, cfg.steps, first["ranks"])
-            for raw in launches for s, path in raw["timelines"].items()}
+    paths = {s: path for raw in recorded for s, path in raw["timelines"].items()}
+    wire = {s: wire_time_per_step(path, cfg.steps) for s, path in paths.items()}
+    sent = {s: wire_bytes_per_step(path, cfg.steps, first["ranks"]) for s, path in paths.items()}
     memory = {s: m for raw in launches for s, m in raw["optimizer_state_bytes"].items()}
     return {"config": json.loads(cfg.to_json()), "ranks": first["ranks"],
             "global_batch": first["global_batch"], "params": first["params"],
@@ -196,8 +202,10 @@ def merge(cfg: BenchConfig, launches: list[dict[str, Any]]) -> dict[str, Any]:
             "versions": first["versions"], "threads": first["threads"]}
 
 
-def run_bench(cfg: BenchConfig, on_progress: Callable[[str], None]) -> dict[str, Any] | None:
-    """Raw results (see ``merge``) on the launching process / rank 0; None elsewhere."""
+def run_bench(cfg: BenchConfig, on_progress: Callable[[str], None],
+              timeline_dir: str | None = None) -> dict[str, Any] | None:
+    """Raw results (see ``merge``) on the launching process / rank 0; None elsewhere. The
+    timelines are kept in ``timeline_dir`` if given (a temporary folder otherwise)."""
     cfg.validate()
     rate = parse_net(cfg.net)
     if under_horovodrun():
@@ -214,14 +222,31 @@ def run_bench(cfg: BenchConfig, on_progress: Callable[[str], None]) -> dict[str,
         elif rate is not None:
             network = stack.enter_context(shaped_namespace(rate))
         plan = launch_plan(cfg)
-        launches = []
-        for r, group in plan:
-            timelines = tmp / f"timelines-{r}" if r == cfg.rounds - 1 else None
-            if timelines:
-                timelines.mkdir(exist_ok=True)
-            job = Job(cfg, group, r, str(timelines or ""))
-            launches.append(_launch(cfg, job, tmp, network, on_progress))
-        return merge(cfg, launches)
+        launches = [_launch(cfg, Job(cfg, group, r), tmp, network, on_progress)
+                    for r, group in plan]
+        timelines = Path(timeline_dir) if timeline_dir else tmp / "timelines"
+        timelines.mkdir(parents=True, exist_ok=True)
+        recorded = [_launch(cfg, job, tmp, network, on_progress)
+                    for job in timeline_jobs(cfg, plan, launches, str(timelines))]
+        return merge(cfg, launches, recorded)
+
+
+def timeline_jobs(cfg: BenchConfig, plan: list[tuple[int, tuple[str, ...]]],
+                  launches: list[dict[str, Any]], directory: str) -> list[Job]:
+    """The timeline launches after the timed ones: the last round's groups, each strategy but
+    replicas and ``local``, ``auto`` as the plan it chose last (its keywords)."""
+    last = max(r for r, _ in plan)
+    chosen = [raw["auto"]["keywords"] for raw in launches
+              if raw.get("auto", {}).get("keywords")]
+    picks = {AUTO: chosen[-1]} if chosen else {}
+    jobs = []
+    for r, group in plan:
+        kept = tuple(s for s in group if base_name(s) == s and s != LOCAL
+                     and (s != AUTO or AUTO in picks))
+        if r == last and kept:
+            jobs.append(Job(cfg, kept, r, directory, record=True,
+                            picks={s: picks[s] for s in kept if s in picks}))
+    return jobs
 
 
 def _in_this_process(cfg: BenchConfig) -> dict[str, Any] | None:
@@ -231,12 +256,17 @@ def _in_this_process(cfg: BenchConfig) -> dict[str, Any] | None:
     # the same directory on every rank (the rendezvous port is the job's): rank 0 writes there
     job_id = os.environ.get("HOROVOD_GLOO_RENDEZVOUS_PORT", str(os.getppid()))
     base = Path(tempfile.gettempdir()) / f"hvdo-bench-{job_id}"
-    launches = []
-    for r in range(cfg.rounds):
-        timelines = str(base) if r == cfg.rounds - 1 else ""
-        if timelines:
-            base.mkdir(exist_ok=True)
-        raw = worker.run(Job(cfg, cfg.strategies, r, timelines))
-        if raw is not None:
-            launches.append(raw)
-    return merge(cfg, launches) if launches else None
+    launches = [worker.run(Job(cfg, cfg.strategies, r)) for r in range(cfg.rounds)]
+    plan = [(r, cfg.strategies) for r in range(cfg.rounds)]
+    base.mkdir(exist_ok=True)
+    # timelines only if this run was started with HOROVOD_TIMELINE (which slowed its rank 0);
+    # rank 0 knows auto's choice: every rank records the same plans
+    import horovod.tensorflow as hvd
+
+    jobs = hvd.broadcast_object(
+        timeline_jobs(cfg, plan, launches, str(base)) if launches[0] is not None else None,
+        0, name="hvdo.bench.timeline_jobs")
+    recorded = [worker.run(job) for job in jobs]
+    if launches[0] is None:
+        return None
+    return merge(cfg, launches, [raw for raw in recorded if raw is not None])

@@ -8,9 +8,12 @@ order of the strategies rotates with the round (ABC, BCA, CAB), as the launcher 
 groups, so machine noise hits all alike. Each run is one ``model.fit`` of ``warmup + steps``
 steps; the timing callback takes the end of the last warm-up step to the end of the last step
 (Keras converts the logs of a callback that does not take tensors, so each step end is a sync
-point). A run's step time is the slowest rank's. With ``timeline_dir`` (the last round), each
-strategy then runs ``1 + steps + 1`` more steps under a Horovod timeline written there (the
-launcher reads it). Rank 0 writes the results to OUT.json.
+point). A run's step time is the slowest rank's. Timed launches run without ``HOROVOD_TIMELINE``:
+set at all, it starts a writer thread that keeps rank 0's core busy (a third slower, the plugin's
+many collectives the most). Timelines come from launches of their own (``Job.record``, with
+``HOROVOD_TIMELINE=DYNAMIC``): each strategy (``auto`` as the plan it chose) warms up, then runs
+``1 + steps + 1`` steps under a timeline written to ``timeline_dir``; nothing is timed there.
+Rank 0 writes the results to OUT.json.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import platform
 import resource
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -48,12 +51,16 @@ RUNTIME = ("hvd_overlap.comm", "hvd_overlap.keras", "hvd_overlap.growth")
 
 @dataclass(frozen=True)
 class Job:
-    """One launch: which strategies, which round (for the rotation), where timelines go."""
+    """One launch: which strategies, which round (for the rotation); or, with ``record``, a
+    launch that only records their timelines into ``timeline_dir``, ``picks`` giving the
+    ``DistributedOptimizer`` keywords a strategy stands for there (``auto``: its choice)."""
 
     config: BenchConfig
     strategies: tuple[str, ...]
     round: int = 0
     timeline_dir: str = ""
+    record: bool = False
+    picks: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def to_json(self) -> str:
         return json.dumps({**asdict(self), "config": json.loads(self.config.to_json())})
@@ -63,7 +70,8 @@ class Job:
         d = json.loads(text)
         return cls(config=BenchConfig.from_json(json.dumps(d["config"])),
                    strategies=tuple(d["strategies"]), round=d["round"],
-                   timeline_dir=d["timeline_dir"])
+                   timeline_dir=d["timeline_dir"], record=d.get("record", False),
+                   picks=d.get("picks", {}))
 
 
 def plugin_modules() -> list[str]:
@@ -136,7 +144,10 @@ class Trainee:
     """A model compiled with one strategy's optimizer: ``stock`` is Horovod's own
     ``DistributedOptimizer``, ``local`` the plain optimizer, the others the plugin's."""
 
-    def __init__(self, strategy: str, cfg: BenchConfig):
+    def __init__(self, strategy: str, cfg: BenchConfig,
+                 keywords: dict[str, Any] | None = None):
+        """``keywords``: the plugin's ``DistributedOptimizer`` keywords to use instead of the
+        strategy's spelling (``auto`` recorded as the plan it chose)."""
         from hvd_overlap.tools.models import build_model
 
         tf.keras.utils.set_random_seed(cfg.seed)
@@ -155,6 +166,9 @@ class Trainee:
             from hvd_overlap import STRATEGIES
 
             name, extra = plugin_options(strategy)
+            if keywords:
+                name, extra = keywords["strategy"], {k: v for k, v in keywords.items()
+                                                     if k != "strategy"}
             opt = hk.DistributedOptimizer(opt, strategy=name, **extra)
             if AUTO in (name, *extra.values()) or STRATEGIES[name].defers:
                 self.callbacks.append(hk.OverlapCallback())
@@ -265,19 +279,42 @@ def _ms(times: dict[Any, float]) -> dict[str, float]:
     return {c.describe(): t * 1e3 for c, t in times.items()}
 
 
-def record_timeline(trainee: Trainee, data: tf.data.Dataset, steps: int, path: str) -> bool:
-    """One more run of ``1 + steps + 1`` steps under a Horovod timeline written to ``path`` (by
-    rank 0); the launcher reads the collectives' wire time from it. False if Horovod was started
-    without ``HOROVOD_TIMELINE=DYNAMIC``."""
+def checks_online(trainee: Trainee) -> bool:
+    """True while the trainee's plugin optimizer has an online check still to settle (the
+    exchange's ``exchange_forward="auto"``, ``auto``'s trials)."""
+    ex = getattr(trainee.model.optimizer, "_hvdo", None)
+    return ex is not None and not getattr(ex, "settled", True)
+
+
+def record(job: Job, data: tf.data.Dataset) -> dict[str, Any] | None:
+    """A timeline launch: each strategy of the job but replicas (``stock#2``) and ``local``, built
+    from ``job.picks`` where given (``auto`` as the plan it chose), settles its online checks,
+    warms up ``warmup`` steps, then runs ``1 + steps + 1`` steps under a Horovod timeline written
+    by rank 0 to ``timeline_dir/STRATEGY.json``. Nothing is timed: the timeline's writer thread
+    keeps rank 0's core busy. The paths on rank 0 (none without ``HOROVOD_TIMELINE=DYNAMIC``)."""
     import horovod.tensorflow as hvd
 
-    try:
-        hvd.start_timeline(path)
-    except ValueError:
-        return False
-    trainee.run(data, 1, steps)
-    hvd.stop_timeline()
-    return True
+    cfg = job.config
+    timelines: dict[str, str] = {}
+    for s in job.strategies:
+        if base_name(s) != s or s == LOCAL or (s == AUTO and s not in job.picks):
+            continue
+        trainee = Trainee(s, cfg, job.picks.get(s))
+        if checks_online(trainee):
+            settle(trainee, data)
+        age(trainee, data, cfg.warmup)
+        path = str(Path(job.timeline_dir) / f"{s}.json")
+        try:
+            hvd.start_timeline(path)
+        except ValueError:  # Horovod started without HOROVOD_TIMELINE
+            break
+        trainee.run(data, 1, cfg.steps)
+        hvd.stop_timeline()
+        timelines[s] = path
+        if hvd.rank() == 0:
+            progress(f"timeline {s:<14} recorded ({1 + cfg.steps + 1} steps)")
+    return {"round": job.round, "strategies": list(job.strategies),
+            "timelines": timelines} if hvd.rank() == 0 else None
 
 
 def optimizer_state_bytes(opt: Any) -> dict[str, int]:
@@ -322,6 +359,8 @@ def run(job: Job) -> dict[str, Any] | None:
     data = tf.data.Dataset.from_tensors(
         synthetic_batch(cfg.batch_size, seed=rank, model=cfg.model, tiny=cfg.tiny)).repeat()
     data = data.with_options(_still_data())
+    if job.record:
+        return record(job, data)
     names = list(job.strategies)
     r = job.round % len(names)
     times: dict[str, float] = {}
@@ -329,7 +368,6 @@ def run(job: Job) -> dict[str, Any] | None:
     means: dict[str, list[float]] = {}
     link: dict[str, list[float | None]] = {}  # per rank: bytes its link sent per timed step
     faults: dict[str, list[tuple[float, float]]] = {}  # per rank: page faults per timed step
-    timelines: dict[str, str] = {}
     trainees = {s: Trainee(s, cfg) for s in names}
     chosen: dict[str, Any] = {}
     settled: dict[str, Any] = {}  # sharded strategies whose exchange checked online
@@ -347,8 +385,7 @@ def run(job: Job) -> dict[str, Any] | None:
             progress(f"round {job.round + 1}/{cfg.rounds} auto chose {chosen['choice']} in "
                      f"{chosen['steps']} steps ({chosen['seconds']:.1f} s)")
     for s in names:  # the exchange's online check, likewise (untimed)
-        if s != AUTO and getattr(trainees[s].model.optimizer, "_hvdo", None) is not None \
-                and not getattr(trainees[s].model.optimizer._hvdo, "settled", True):
+        if s != AUTO and checks_online(trainees[s]):
             checked = settled[s] = settle(trainees[s], data,
                                           ran=fits.get(s, {}).get("steps", 0))
             if rank == 0:
@@ -372,12 +409,6 @@ def run(job: Job) -> dict[str, Any] | None:
         times[s] = max(sum(d) / len(d) for d in every)
         if rank == 0:
             progress(f"round {job.round + 1}/{cfg.rounds} {s:<14} {times[s] * 1e3:8.1f} ms/step")
-    if job.timeline_dir:
-        for s in names:
-            if base_name(s) != LOCAL:
-                path = str(Path(job.timeline_dir) / f"{s}.json")
-                if record_timeline(trainees[s], data, cfg.steps, path):
-                    timelines[s] = path
     memory = {s: optimizer_state_bytes(t.model.optimizer) for s, t in trainees.items()}
     loaded = plugin_modules()
     baseline = is_clean_group(names)
@@ -392,7 +423,7 @@ def run(job: Job) -> dict[str, Any] | None:
             "global_batch": cfg.batch_size * size, "params": model.count_params(),
             "grad_bytes": gradient_bytes(model), "step_times": times,
             "step_samples": samples, "step_means": means, "link_bytes_per_step": link,
-            "page_faults_per_step": faults, "timelines": timelines,
+            "page_faults_per_step": faults,
             "auto": chosen, "exchange_checks": settled, "history_steps": history,
             "whole_fit": fits,
             "optimizer_state_bytes": memory, "clean_process": clean, "plugin_modules": loaded,

@@ -255,6 +255,12 @@ def test_end_to_end_tiny_mlp(tmp_path):
     assert raw["clean_baseline"] and not plugin[0]["clean_process"]
     assert clean[0]["horovod_env"] == plugin[0]["horovod_env"]
     assert "HOROVOD_DISABLE_GROUP_FUSION" not in clean[0]["horovod_env"]
+    # timed without HOROVOD_TIMELINE (its writer thread keeps rank 0's core busy); the wire
+    # times come from the timeline launches after the timed ones
+    assert "HOROVOD_TIMELINE" not in clean[0]["horovod_env"]
+    assert "HOROVOD_TIMELINE" not in plugin[0]["horovod_env"]
+    wire = raw["wire_time_per_step_s"]
+    assert set(wire) == {STOCK, *STRATEGIES} and all(w > 0 for w in wire.values()), wire
     # each rank's page faults per timed step, per round (minor, major)
     ((rank0, rank1),) = raw["page_faults_per_step"][STOCK]
     assert all(x >= 0 for x in (*rank0, *rank1)) and len(rank0) == 2
@@ -284,6 +290,9 @@ def test_end_to_end_auto_chooses_before_timing(tmp_path):
     fastest = min(pick["measured_ms"], key=pick["measured_ms"].get)
     assert not again or set(again) == {"horovod (stock fusion)", fastest}
     assert "auto, round 1: chose " + pick["choice"] in result.output
+    # timelines: stock and auto (as the plan it chose) recorded; the replica not
+    assert set(doc["raw"]["wire_time_per_step_s"]) == {STOCK, AUTO}
+    assert f"timeline {AUTO}" in result.output
     # --whole-fit: every strategy first trained one fit of 40 steps from its fresh process,
     # timed end to end (its first, tracing step too); auto chose in it or after it
     fits = doc["whole_fit"]

@@ -28,5 +28,7 @@ def test_ranks_that_skipped_everything_fail(tmp_path, capsys):
     assert "rank0: executed no test" in capsys.readouterr().out
 
 
-def test_a_missing_rank_report_fails(tmp_path):
-    assert main(_reports(tmp_path, single=(5, 0, 0), rank0=(3, 0, 0))) == 1
+def test_a_missing_rank_report_fails(tmp_path, capsys):
+    paths = _reports(tmp_path, single=(5, 0, 0), rank0=(3, 0, 0))
+    assert main([*paths, str(tmp_path / "rank1.xml")]) == 1
+    assert "missing report rank1.xml" in capsys.readouterr().out

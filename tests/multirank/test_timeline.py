@@ -7,6 +7,7 @@
   next step in forward order, under the forward.
 """
 
+import os
 import tempfile
 from pathlib import Path
 
@@ -19,6 +20,10 @@ import hvd_overlap.keras as hvdo
 from hvd_overlap.tools.timeline import GATHER_OPS, merge_groups, origin_us, read_timeline
 
 STEPS = 8
+
+if os.environ.get("HOROVOD_TIMELINE") is None:
+    raise RuntimeError("test_timeline.py records Horovod timelines: launch it with "
+                       "HOROVOD_TIMELINE=DYNAMIC set (scripts/test does, in a launch of its own)")
 
 
 def model() -> tf.keras.Sequential:

@@ -25,8 +25,9 @@ import tensorflow as tf
 from tensorflow.python.trackable import base as _trackable
 
 #: the Keras 2 releases behind ``tf.keras`` this adapter was checked with (``keras`` 2.15 of
-#: TF 2.15; ``tf_keras`` 2.17 of TF 2.17): ``tests/test_compat.py`` fails on any other
-KERAS_VERSIONS: tuple[str, ...] = ("2.15", "2.17")
+#: TF 2.15; ``tf_keras`` 2.17 and 2.18 of TF 2.17 and 2.18): ``tests/test_compat.py`` fails on
+#: any other
+KERAS_VERSIONS: tuple[str, ...] = ("2.15", "2.17", "2.18")
 
 
 class KerasVersionError(ImportError):

@@ -244,7 +244,7 @@ def timeline_jobs(cfg: BenchConfig, plan: list[tuple[int, tuple[str, ...]]],
         kept = tuple(s for s in group if base_name(s) == s and s != LOCAL
                      and (s != AUTO or AUTO in picks))
         if r == last and kept:
-            jobs.append(Job(cfg, kept, r, directory, record=True,
+            jobs.append(Job(cfg, kept, r, directory,
                             picks={s: picks[s] for s in kept if s in picks}))
     return jobs
 

@@ -10,7 +10,7 @@ steps; the timing callback takes the end of the last warm-up step to the end of 
 (Keras converts the logs of a callback that does not take tensors, so each step end is a sync
 point). A run's step time is the slowest rank's. Timed launches run without ``HOROVOD_TIMELINE``:
 set at all, it starts a writer thread that keeps rank 0's core busy (a third slower, the plugin's
-many collectives the most). Timelines come from launches of their own (``Job.record``, with
+many collectives the most). Timelines come from launches of their own (``Job.timeline_dir``, with
 ``HOROVOD_TIMELINE=DYNAMIC``): each strategy (``auto`` as the plan it chose) warms up, then runs
 ``1 + steps + 1`` steps under a timeline written to ``timeline_dir``; nothing is timed there.
 Rank 0 writes the results to OUT.json.
@@ -51,16 +51,20 @@ RUNTIME = ("hvd_overlap.comm", "hvd_overlap.keras", "hvd_overlap.growth")
 
 @dataclass(frozen=True)
 class Job:
-    """One launch: which strategies, which round (for the rotation); or, with ``record``, a
-    launch that only records their timelines into ``timeline_dir``, ``picks`` giving the
-    ``DistributedOptimizer`` keywords a strategy stands for there (``auto``: its choice)."""
+    """One launch: which strategies, which round (for the rotation); or, with a
+    ``timeline_dir``, a launch that only records their timelines there, ``picks`` giving the
+    ``DistributedOptimizer`` keywords a strategy stands for (``auto``: its choice)."""
 
     config: BenchConfig
     strategies: tuple[str, ...]
     round: int = 0
     timeline_dir: str = ""
-    record: bool = False
     picks: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    @property
+    def record(self) -> bool:
+        """A timeline launch (nothing timed)."""
+        return bool(self.timeline_dir)
 
     def to_json(self) -> str:
         return json.dumps({**asdict(self), "config": json.loads(self.config.to_json())})
@@ -70,8 +74,7 @@ class Job:
         d = json.loads(text)
         return cls(config=BenchConfig.from_json(json.dumps(d["config"])),
                    strategies=tuple(d["strategies"]), round=d["round"],
-                   timeline_dir=d["timeline_dir"], record=d.get("record", False),
-                   picks=d.get("picks", {}))
+                   timeline_dir=d["timeline_dir"], picks=d.get("picks", {}))
 
 
 def plugin_modules() -> list[str]:
@@ -165,10 +168,11 @@ class Trainee:
             import hvd_overlap.keras as hk
             from hvd_overlap import STRATEGIES
 
-            name, extra = plugin_options(strategy)
             if keywords:
                 name, extra = keywords["strategy"], {k: v for k, v in keywords.items()
                                                      if k != "strategy"}
+            else:
+                name, extra = plugin_options(strategy)
             opt = hk.DistributedOptimizer(opt, strategy=name, **extra)
             if AUTO in (name, *extra.values()) or STRATEGIES[name].defers:
                 self.callbacks.append(hk.OverlapCallback())

@@ -3,7 +3,7 @@
 On TF >= 2.16, ``tf.keras`` is Keras 3 unless tf-keras is installed and ``TF_USE_LEGACY_KERAS=1``
 is set before TensorFlow is imported. The rule and the refusals are tested here on any stack by
 faking the versions; the real Keras 3 (a 2-rank launch without the variable, and a ``keras`` 3
-optimizer under legacy mode) only where it exists (``HVDO_STACK=tf2.17``), skipped elsewhere.
+optimizer under legacy mode) only where it exists (the TF 2.18 stack ``scripts/test`` also runs), skipped elsewhere.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def _installed_keras_3() -> str | None:
 TF_MINOR = tuple(int(p) for p in tf.__version__.split(".")[:2])
 needs_keras_3 = pytest.mark.skipif(
     TF_MINOR < (2, 16), reason=f"TensorFlow {tf.__version__}: tf.keras is Keras 2 and there is "
-    "no Keras 3 to refuse; runs on the TF >= 2.16 stack (HVDO_STACK=tf2.17 scripts/test)")
+    "no Keras 3 to refuse; scripts/test runs it on the TF 2.18 stack")
 
 
 @pytest.fixture

@@ -479,3 +479,42 @@ def auto_results(md_path: str, run_paths: tuple[str, ...]) -> None:
     Path(md_path).write_text(tables.markdown(_runs(run_paths, md_path)) + regenerate(
         "scripts/auto-bench", md_path, f"python -m benchmarks auto-results {md_path}",
         run_paths))
+
+
+@main.command("time-to-accuracy")
+@click.option("--regime", type=float, default=2.0, show_default=True,
+              help="stock's wire time / the compute-only step, at the small batch")
+@click.option("--seeds", default="1,2,3", show_default=True, help="comma-separated")
+@click.option("--epochs", type=int, default=24, show_default=True)
+@click.option("--timeout", type=float, default=900, show_default=True,
+              help="seconds per launch before every rank is stopped")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), required=True,
+              help="writes time_to_accuracy.json, .md and .png here")
+@click.option("--from-json", is_flag=True, help="redraw from OUT/time_to_accuracy.json")
+@click.option("--verbose", is_flag=True, help="show every rank's output")
+def time_to_accuracy(regime: float, seeds: str, epochs: int, timeout: float, out_dir: str,
+                     from_json: bool, verbose: bool) -> None:
+    """Wall time to a target test accuracy on 2 emulated hosts (root): stock Horovod and the
+    plugin's strategy="auto", each with the small batch and with batch growth; 3 seeds,
+    interleaved launches. Writes the table (.md), the plot (.png) and every run (.json)."""
+    from benchmarks import time_to_accuracy as tta
+    from benchmarks.netns import NetnsError
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "time_to_accuracy.json"
+    if from_json:
+        result = json.loads(path.read_text())
+    else:
+        try:
+            result = tta.run(regime, [int(s) for s in seeds.split(",")], epochs, timeout,
+                             on_progress=click.echo,
+                             on_line=(lambda line: click.echo(line, nl=False)) if verbose
+                             else (lambda line: None))
+        except (NetnsError, ValueError, RuntimeError) as e:
+            raise click.ClickException(str(e)) from None
+        path.write_text(json.dumps(result, indent=1))
+    text = tta.markdown(result)
+    (out / "time_to_accuracy.md").write_text(text)
+    tta.plot(result, out / "time_to_accuracy.png")
+    click.echo(text)

@@ -202,3 +202,13 @@ def test_trial_order_tells_a_sharded_plan_from_the_same_with_the_exchange():
     x, s = Candidate("sharded", MIB, exchange="rows"), Candidate("sharded", 4 * MIB)
     ranked = [(x, r), (Candidate("sharded", MIB, exchange="gather"), r), (s, r)]
     assert autoplan.trial_order(ranked, Candidate("horovod")) == [x, s]
+
+
+def test_at_batch_scales_compute_and_the_exchange_s_batch_not_the_bytes():
+    grown = autoplan.at_batch(SIX.scaled(1.0), 4)
+    assert grown.batch_size == 128 and grown.grad_bytes == SIX.grad_bytes
+    assert grown.compute_s == pytest.approx(4 * SIX.compute_s)
+    # a bigger batch: more compute to hide the same wire under, never a slower stock step
+    cluster = Cluster(ranks=2, bandwidth=2**30)
+    assert autoplan.predict(grown, cluster, Candidate("horovod")).step_s > \
+        autoplan.predict(SIX, cluster, Candidate("horovod")).step_s

@@ -199,3 +199,18 @@ def test_non_integer_factor_names_the_fix():
     with pytest.raises(ValueError, match="integer >= 2.*use e.g. 2"):
         Milestones({3: 1.5})
     assert Milestones({3: 2.0}).milestones == {3: 2}
+
+
+def test_phase_epochs_counts_epochs_until_the_next_growth_or_the_end():
+    p = BatchGrowth(Periodic(3), initial_batch=8, base_lr=1.0, max_global_batch=32)
+    assert p.phase_epochs(0, 10) == 3          # grows after epoch 2
+    run(p, 3)                                  # now 16, from epoch 3
+    assert p.phase_epochs(3, 10) == 3
+    assert p.phase_epochs(3, 5) == 2           # the fit ends first
+    run_more = [p.end_epoch(e) for e in range(3, 6)]
+    assert p.global_batch == 32 and run_more[-1] is not None
+    assert p.phase_epochs(6, 10) == 4          # capped: no further growth
+    m = BatchGrowth(Milestones({1: 2, 2: 2}), initial_batch=8, base_lr=1.0)
+    assert m.phase_epochs(0, 3) == 1 and m.phase_epochs(1, 3) == 1
+    assert BatchGrowth(None, initial_batch=8, base_lr=1.0).phase_epochs(2, 7) == 5
+    assert BatchGrowth(Plateau(), initial_batch=8, base_lr=1.0).phase_epochs(0, 9) is None

@@ -3,7 +3,8 @@
 On TF >= 2.16, ``tf.keras`` is Keras 3 unless tf-keras is installed and ``TF_USE_LEGACY_KERAS=1``
 is set before TensorFlow is imported. The rule and the refusals are tested here on any stack by
 faking the versions; the real Keras 3 (a 2-rank launch without the variable, and a ``keras`` 3
-optimizer under legacy mode) only where it exists (the TF 2.18 stack ``scripts/test`` also runs), skipped elsewhere.
+optimizer under legacy mode) only where it exists (the TF 2.18 stack, which ``scripts/test``
+also runs), skipped elsewhere.
 """
 
 from __future__ import annotations

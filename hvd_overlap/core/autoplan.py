@@ -193,6 +193,15 @@ def profile_from_specs(specs: Sequence[VarSpec], flops: dict[str, float] | None 
                    meta={"source": "run time: variables and FLOPs"})
 
 
+def at_batch(profile: Profile, factor: float) -> Profile:
+    """``profile`` at ``factor`` times its per-rank batch: every layer's compute and the batch
+    the exchange is priced at scale with it; the optimizer update and the gradients do not."""
+    return replace(profile, batch_size=max(1, round(profile.batch_size * factor)),
+                   layers=tuple(replace(la, forward_s=la.forward_s * factor,
+                                        backward_s=la.backward_s * factor)
+                                for la in profile.layers))
+
+
 def fit_compute(profile: Profile, cluster: Cluster, candidate: Candidate,
                 measured_s: float) -> Profile:
     """``profile`` with its compute scaled so that the simulator's step of ``candidate`` on

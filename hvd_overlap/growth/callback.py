@@ -116,7 +116,25 @@ class BatchSizeScheduler(tf.keras.callbacks.Callback):
             p.load_state_dict(state)
         if len(p.events) > before:
             self._announce(p.events[-1])
+            self._reconsider_plan(p.events[-1])
         self._apply_lr()
+
+    def _reconsider_plan(self, event: Growth) -> None:
+        """An ``hvd-overlap`` optimizer choosing its plan (``strategy="auto"``) chooses again
+        for the new batch (every rank: the policy's state was just broadcast), told how many
+        steps the new batch will run (None: unknown) and by what factor it grew."""
+        opt = self.model.optimizer
+        opt = getattr(opt, "inner_optimizer", opt)  # mixed precision's LossScaleOptimizer
+        reconsider = getattr(opt, "reconsider", None)
+        if reconsider is None:
+            return
+        params = self.params or {}
+        epochs = self.policy.phase_epochs(event.epoch, params.get("epochs") or event.epoch)
+        steps = params.get("steps")
+        horizon = None if epochs is None or not steps else \
+            epochs * max(1, steps * event.old_batch // event.new_batch)
+        reconsider(f"epoch {event.epoch}: global batch {event.old_batch} -> {event.new_batch}",
+                   batch_factor=event.new_batch / event.old_batch, horizon_steps=horizon)
 
     def _announce(self, event: Growth) -> None:
         if self.verbose and _world_rank() == 0:

@@ -330,6 +330,19 @@ class BatchGrowth:
         self.events.append(event)
         return event
 
+    def phase_epochs(self, first: int, end: int) -> int | None:
+        """How many epochs from ``first`` (up to ``end``, the fit's) run at the current batch
+        before the next growth; None where a metric decides when (``Plateau``)."""
+        capped = self.max_global_batch is not None and self.global_batch >= self.max_global_batch
+        if self.trigger is None or capped:
+            return max(end - first, 0)
+        if self.trigger.needs_metric:
+            return None
+        for epoch in range(first, end):
+            if self.trigger.factor(epoch, None) > 1:  # decided after ``epoch``
+                return epoch + 1 - first
+        return max(end - first, 0)
+
     # -- checkpointing ----------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:

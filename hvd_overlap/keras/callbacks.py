@@ -4,6 +4,7 @@ growth callback is ``hvd_overlap.growth.BatchSizeScheduler``)."""
 
 from __future__ import annotations
 
+import statistics
 import time
 
 import tensorflow as tf
@@ -44,6 +45,7 @@ class OverlapCallback(tf.keras.callbacks.Callback):
         self._functions: dict[StepKind, object] = {}
         self._started = 0.0
         self._steps_done = 0  # in this fit, across epochs (as ModelCheckpoint's save_freq)
+        self._epoch_steps: list[float] = []  # this epoch's step times (s)
 
     def _optimizer(self):
         opt = getattr(self.model, "optimizer", None)
@@ -52,7 +54,7 @@ class OverlapCallback(tf.keras.callbacks.Callback):
         return opt if getattr(opt, "defers", False) else None
 
     def on_train_begin(self, logs=None):
-        self._steps_done = 0
+        self._steps_done, self._epoch_steps = 0, []
         opt = self._optimizer()
         if opt is None or self._patched:
             return
@@ -101,6 +103,9 @@ class OverlapCallback(tf.keras.callbacks.Callback):
 
     def on_train_batch_begin(self, batch, logs=None):
         if self._patched:
+            opt = self._optimizer()
+            if opt is not None and opt.take_retrace():  # a plan switched between steps
+                self._make_train_functions()             # (auto's reconsider at a growth)
             self._kind = StepKind.LAND if self._checkpoint_due(batch) else StepKind.DEFER
             _compat.set_train_function(self.model, self._functions[self._kind])
         self._started = time.perf_counter()
@@ -108,6 +113,7 @@ class OverlapCallback(tf.keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         opt = self._optimizer()
         if opt is not None:
+            self._epoch_steps.append(time.perf_counter() - self._started)
             # steady steps only: the first of an epoch follows a flush, a landing step lands
             # twice
             opt.observe_step(time.perf_counter() - self._started,
@@ -132,7 +138,15 @@ class OverlapCallback(tf.keras.callbacks.Callback):
                 opt.gather_state()
 
     on_test_begin = on_predict_begin = _flush
-    on_epoch_end = _checkpoint_point
+
+    def on_epoch_end(self, epoch, logs=None):
+        """A checkpoint point; adds ``step_time_ms`` (the epoch's median train step, traces
+        and flushes aside) to ``logs`` for History, CSVLogger and TensorBoard (list this
+        callback before them)."""
+        self._checkpoint_point()
+        if logs is not None and self._epoch_steps:
+            logs["step_time_ms"] = 1e3 * statistics.median(self._epoch_steps)
+        self._epoch_steps = []
 
     def on_train_end(self, logs=None):
         self._checkpoint_point()

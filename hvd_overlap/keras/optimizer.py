@@ -181,6 +181,27 @@ class _DistributedMixin:
         no-op otherwise."""
         self._hvdo.attach_model(model, loop)
 
+    def reconsider(self, why: str = "asked to", batch_factor: float | None = None,
+                   horizon_steps: int | None = None) -> None:
+        """``strategy="auto"`` (or a setting ``"auto"``): choose the plan again because the
+        per-rank batch changed (by ``batch_factor``; the balance of compute and wire moved).
+        If the new batch runs long enough (``horizon_steps`` unknown, or at least twice the
+        steps a check takes), the check runs again as at the start: its probe, then the plans
+        the simulator ranks for the model as it runs now. Otherwise the simulator alone picks,
+        from the model fitted in the last check with its compute scaled by ``batch_factor``.
+        ``BatchSizeScheduler`` calls it at every growth; call it yourself, between steps and on
+        every rank alike, if you change the batch by hand. Exact: the current plan's pending
+        update lands first. ``why`` goes into the log and ``plan_choices``. A no-op for a fixed
+        plan."""
+        self._hvdo.reconsider(why, batch_factor, horizon_steps)
+
+    @property
+    def plan_choices(self) -> list[dict]:
+        """``strategy="auto"``: every choice made in this run, in order (one per batch phase):
+        ``why`` it chose, the plan ``chosen``, the ``reason``, and its settling ``steps`` and
+        ``seconds`` on this rank. Empty for a fixed plan."""
+        return list(getattr(self._hvdo, "choices", []))
+
     def take_retrace(self) -> bool:
         """True once, after the first traced step of a deferring strategy: that step could not
         defer (the plan was unknown when it was traced), so the train function must be traced

@@ -25,6 +25,8 @@ class OverlapTrainStep:
         return tf.function(step)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.opt.take_retrace():  # a plan switched between steps (``opt.reconsider``)
+            self._fn = self._trace()
         start = time.perf_counter()
         out = self._fn(*args, **kwargs)
         self.opt.observe_step(time.perf_counter() - start)  # the step ran: its outputs exist

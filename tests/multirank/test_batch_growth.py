@@ -144,3 +144,104 @@ def test_growth_under_a_plugin_strategy_equals_stock_weights(strategy):
                                                  strategy=strategy), [hvdo.OverlapCallback()])
     assert batches == ref_batches == [16, 32, 64]
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)
+
+
+
+def _wide_data():
+    rng = np.random.default_rng(5)
+    y = rng.integers(0, 4, 512)
+    return rng.normal(size=(512, 64)).astype("float32") + y[:, None].astype("float32") / 2, y
+
+
+def _growth_run(wrap, callbacks, milestones: dict[int, int], epochs: int):
+    """Adam with a 3-step lr ramp after each growth, a 1024x1024 kernel (the exchange's to
+    carry); 256 samples per rank: 32 steps of 8 per rank per epoch, 16 of 16, 8 of 32."""
+    x, y = _wide_data()
+    tf.keras.utils.set_random_seed(11)
+    m = tf.keras.Sequential([
+        tf.keras.layers.Dense(1024, activation="relu", input_shape=(64,)),
+        tf.keras.layers.Dense(1024, activation="tanh"), tf.keras.layers.Dense(4)])
+    opt = wrap(tf.keras.optimizers.Adam(0.003))
+    m.compile(optimizer=opt, loss=LOSS)
+    policy = BatchGrowth(Milestones(milestones), initial_batch=16, base_lr=0.003,
+                         num_ranks=hvd.size(), warmup_steps=3)
+    h = fit_with_growth(m, x, y, scheduler=BatchSizeScheduler(policy), epochs=epochs, seed=4,
+                        callbacks=[*callbacks, hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+    return m, opt, h.history
+
+
+def _auto(trials=None):
+    def wrap(opt):
+        o = hvdo.DistributedOptimizer(opt, strategy="auto")
+        o._hvdo.forced_trials = trials
+        return o
+    return wrap
+
+
+def _assert_same_weights(got, ref):
+    for a, b in zip(got.get_weights(), ref.get_weights(), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_auto_chooses_again_at_a_growth_and_equals_stock(monkeypatch):
+    """``strategy="auto"`` under batch growth: at the growth (48 steps to run at the new
+    batch: long enough) the plan is chosen again (the probe, every trial, the choice: a second
+    online check), switching out of a sharded plan with the dense factor exchange and back
+    into it; the weights are stock Horovod's with the same growth."""
+    from hvd_overlap.core.autoplan import Candidate
+    from hvd_overlap.keras.exchange import ExchangedDense
+    from hvd_overlap.keras.executors import auto
+
+    probe, exchange = Candidate("horovod"), Candidate("sharded", 8192, exchange="rows")
+    trials = [exchange, Candidate("hybrid", 2048, 2)]
+    ms = {probe: 100.0, exchange: 50.0, trials[1]: 90.0}  # the exchange measures fastest
+    monkeypatch.setattr(auto, "TRIAL_STEPS", 1)  # a check: 24 steps
+    monkeypatch.setattr(auto.AutoExecutor, "_agree",
+                        lambda self, values: [ms[self.current] / 1e3, 1.0])
+    activated = {"n": 0}
+    original = ExchangedDense.activate
+
+    def activate(self, rows, keep=False):
+        activated["n"] += 1
+        return original(self, rows, keep)
+    monkeypatch.setattr(ExchangedDense, "activate", activate)
+
+    ref, _, ref_history = _growth_run(hvd.DistributedOptimizer, [], {1: 2}, epochs=4)
+    got, opt, history = _growth_run(_auto(trials), [hvdo.OverlapCallback()], {1: 2}, epochs=4)
+    ex = opt._hvdo
+    choices = opt.plan_choices
+    decided = hvd_tf.allgather_object(([(c["why"], c["chosen"]) for c in choices], ex.current),
+                                      name="growth.auto.choices")
+
+    assert history["batch_size"] == ref_history["batch_size"] == [16, 32, 32, 32]
+    assert len(history["step_time_ms"]) == 4 and min(history["step_time_ms"]) > 0
+    assert decided[0] == decided[1], "ranks decided differently"
+    assert [c["why"] for c in choices] == ["start", "epoch 1: global batch 16 -> 32"], choices
+    assert [c["chosen"] for c in choices] == [exchange.describe()] * 2
+    assert set(ex.measured) == {probe, *trials} and ex.settled  # the second check, whole
+    assert ex.current == exchange
+    assert activated["n"] > 0, "the exchange never carried a kernel"
+    _assert_same_weights(got, ref)
+
+
+def test_auto_predicts_for_a_batch_too_short_lived_to_check(monkeypatch):
+    """Growths whose batch runs fewer steps than two checks: the simulator alone picks, from
+    the model fitted in the first check with its compute scaled by the growth (no trial runs);
+    every rank the same; the weights are stock Horovod's with the same growth."""
+    from hvd_overlap.keras.executors import auto
+
+    monkeypatch.setattr(auto, "TRIAL_STEPS", 1)  # the first check (24 steps) ends in epoch 0
+    ref, _, _ = _growth_run(hvd.DistributedOptimizer, [], {1: 2, 2: 2}, epochs=3)
+    got, opt, history = _growth_run(_auto(), [hvdo.OverlapCallback()], {1: 2, 2: 2}, epochs=3)
+    choices = opt.plan_choices
+    decided = hvd_tf.allgather_object([(c["why"], c["chosen"]) for c in choices],
+                                      name="growth.auto.predicted")
+
+    assert history["batch_size"] == [16, 32, 64]
+    assert decided[0] == decided[1], "ranks decided differently"
+    assert [c["why"] for c in choices] == [
+        "start", "epoch 1: global batch 16 -> 32", "epoch 2: global batch 32 -> 64"], choices
+    for c, steps in zip(choices[1:], (16, 8), strict=True):
+        assert f"{steps} steps, too few for a check; predicted" in c["reason"], c
+        assert c["steps"] == 0  # no step spent measuring
+    _assert_same_weights(got, ref)

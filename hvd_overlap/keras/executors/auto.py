@@ -61,6 +61,9 @@ WARM_STEPS = 3
 TRIAL_STEPS = 7
 #: steps not timed after a step that traced (a deferring plan's first steady step follows)
 SKIP_AFTER_TRACE = 1
+#: a plan chosen by prediction alone (a batch too short-lived for a check) must be predicted
+#: this much faster than the probe: the simulator's error on this machine is ~15% (scaling.md)
+PREDICTED_GAIN = 0.1
 
 
 class AutoExecutor(Executor):
@@ -106,6 +109,10 @@ class AutoExecutor(Executor):
         self.left_out: list[str] = []  # plans not considered, and why (said in the plan)
         self.settling_steps = 0   # steps run before the choice was final...
         self.settling_s = 0.0     # ...and their wall time on this rank (traces included)
+        self.trigger = "start"    # why the current online check runs (a growth: reconsider)
+        self.choices: list[dict[str, Any]] = []  # every choice made, one per batch phase
+        #: the last check's fitted profile, cluster and pool (what a prediction starts from)
+        self._fitted: tuple[autoplan.Profile, Any, Sequence[Candidate]] | None = None
 
     # -- the executor in use ---------------------------------------------------------------
 
@@ -219,6 +226,28 @@ class AutoExecutor(Executor):
 
     # -- the online check ------------------------------------------------------------------
 
+    def reconsider(self, why: str, batch_factor: float | None = None,
+                   horizon_steps: int | None = None) -> None:
+        """Choose again: the per-rank batch changed (by ``batch_factor``), so the fastest plan
+        may be another (compute grows while the gradient bytes stay; the exchange sends more
+        per step). Between steps, every rank alike; a switch lands the pending update first.
+        With ``horizon_steps`` (the steps the new batch will run) shorter than two checks'
+        worth, the simulator alone picks (``_predict_for``); otherwise the check runs again
+        from the probe, as at the start."""
+        check = 6 * (WARM_STEPS + TRIAL_STEPS)  # probe, two trials, probe, confirmation pair
+        if horizon_steps is not None and horizon_steps < 2 * check:
+            self._predict_for(why, batch_factor, horizon_steps)
+            return
+        self._switch(self.probe)
+        self.measured, self.confirmed, self.predicted = {}, {}, {}
+        self.queue, self.confirming, self.first_probe_s = None, None, None
+        self.settled = False
+        self.settling_steps, self.settling_s = 0, 0.0
+        self._clock.restart()
+        self.trigger = why
+        self.reason = f"{why}: measuring {self.probe.describe()} first"
+        self._say(f"{self.label}: {why}: choosing the plan again")
+
     def observe_step(self, seconds: float, usable: bool = True) -> None:
         """One train step took ``seconds`` (wall, this rank); ``usable``: a steady step (not
         the first of an epoch, not one that also landed its own update). Called on every rank
@@ -264,6 +293,37 @@ class AutoExecutor(Executor):
             return
         self._settle(self._second_pass())
 
+    def _predict_for(self, why: str, batch_factor: float | None, horizon: int) -> None:
+        """The plan for a batch that runs too few steps for a check: the simulator's pick
+        (the probe unless another is predicted faster by ``autoplan.MIN_GAIN``) from the model
+        fitted in the last check, its compute scaled by ``batch_factor``; without such a model
+        (the check did not rank, or the factor is unknown) the current plan stays."""
+        self.trigger = why
+        short = f"{why}: {horizon} steps, too few for a check"
+        if not self.settled:  # a check under way stops: the probe, never slower than stock
+            choice = self.probe
+            self.reason = f"{short}; the check under way stops: {choice.describe()}"
+        elif self._fitted is None or not batch_factor:
+            choice = self.current
+            self.reason = f"{short}; nothing to predict from: keeping {choice.describe()}"
+        else:
+            profile, cluster, pool = self._fitted
+            grown = autoplan.at_batch(profile, batch_factor)
+            ranked = autoplan.rank(grown, cluster, pool)
+            probe_s = autoplan.predict(grown, cluster, self.probe).step_s
+            best, result = ranked[0] if ranked else (self.probe, None)
+            choice = best if result is not None and \
+                result.step_s < probe_s * (1 - PREDICTED_GAIN) else self.probe
+            self.predicted = {c: r.step_s for c, r in ranked}
+            self.reason = (f"{short}; predicted {choice.describe()} "
+                           f"{self.predicted.get(choice, probe_s) * 1e3:.1f} vs "
+                           f"{self.probe.describe()} {probe_s * 1e3:.1f} ms/step")
+        self._switch(choice)
+        self.queue, self.confirming, self.settled = [], None, True
+        self.choices.append({"why": why, "chosen": choice.describe(), "reason": self.reason,
+                             "steps": 0, "seconds": 0.0})
+        self._say(f"{self.label} chose {choice.describe()}: {self.reason}")
+
     def _second_pass(self) -> Candidate:
         """The first pass's choice if the second pass confirms it, else the probe."""
         best, probe = self.confirming, self.probe
@@ -281,6 +341,9 @@ class AutoExecutor(Executor):
     def _settle(self, choice: Candidate) -> None:
         self._switch(choice)
         self.settled = True
+        self.choices.append({"why": self.trigger, "chosen": choice.describe(),
+                             "reason": self.reason, "steps": self.settling_steps,
+                             "seconds": self.settling_s})
         self._say(f"{self.label} chose {choice.describe()}: {self.reason}")
         if hvd.rank() == 0:  # (this rank's own times: not in the log the ranks share)
             print(f"hvd_overlap: {self.label}: {self.settling_cost()} (rank 0)",
@@ -324,6 +387,7 @@ class AutoExecutor(Executor):
         pool, self.left_out = usable_pool(self._pool(fitted), self.loop, self.settings,
                                           self.local_refs)
         ranked = autoplan.rank(fitted, cluster, pool)
+        self._fitted = (fitted, cluster, pool)
         self.predicted = {c: r.step_s for c, r in ranked}
         self.predicted.setdefault(self.probe, probe_s)
         order = autoplan.trial_order(ranked, self.probe)

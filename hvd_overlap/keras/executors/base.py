@@ -150,6 +150,10 @@ class Executor:
     def attach_model(self, model: Any, loop: TrainLoop = TrainLoop.CUSTOM) -> None:
         """The model being trained (``auto`` reads its layers' FLOPs), and who runs its steps."""
 
+    def reconsider(self, why: str, batch_factor: float | None = None,
+                   horizon_steps: int | None = None) -> None:
+        """The per-rank batch changed (``auto`` chooses its plan again; a fixed plan keeps)."""
+
     @property
     def shard_layout(self) -> ShardLayout:
         raise RuntimeError(f"no shard layout: strategy {self.strategy!r} does not shard")

@@ -1,0 +1,162 @@
+"""``python -m benchmarks time-to-accuracy``: wall time until a target test accuracy, stock
+Horovod against the plugin, each with the small batch and with batch growth.
+
+The batch-growth study's task (digits, SGD with momentum, 24 epochs, small global batch 32,
+growth x2 every 3 epochs to 512 with linear LR and a 50-step ramp) with a wider MLP (two
+1024-wide hidden layers), on 2 emulated hosts (``benchmarks.netns``). The link is set from the
+measured compute-only step at the small batch (``regime.regime_rate``), so that stock's gradient
+traffic takes ``regime`` times that step on the wire. Four configurations, each in a launch of
+its own (``benchmarks.tta_worker``), interleaved seed by seed (the order rotates):
+``stock-small``, ``stock-growth``, ``auto-small``, ``auto-growth`` (the plugin's
+``strategy="auto"``, which chooses its plan again at each growth).
+
+The target is the small-batch stock runs' mean final accuracy minus ``TARGET_DROP`` points; a
+run's time to target is the wall time at the end of its first epoch whose test accuracy
+reaches it (tracing, ``auto``'s settling and the per-epoch validation included).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import sys
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from benchmarks.regime import regime_rate
+from benchmarks.tta_worker import CONFIGS, LOCAL
+
+#: the target: the small-batch stock runs' mean final accuracy minus this many points
+TARGET_DROP = 0.5
+STOCK_SMALL = "stock-small"
+
+
+def _launch(args: Sequence[str], rate: str | None, timeout: float,
+            on_line: Callable[[str], None]) -> dict[str, Any]:
+    """One ``tta_worker`` run on 2 emulated hosts (``rate``: None unshaped); rank 0's JSON."""
+    from benchmarks.hostrun import run_on_hosts
+    from benchmarks.netns import emulated_hosts
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "run.json"
+        with emulated_hosts(2, rate) as hosts:
+            code = run_on_hosts([sys.executable, "-m", "benchmarks.tta_worker", *args,
+                                 "--out", str(out)], hosts, timeout=timeout, on_line=on_line)
+        if code or not out.exists():
+            raise RuntimeError(f"tta_worker {' '.join(args)} failed (exit code {code})")
+        return json.loads(out.read_text())
+
+
+def run(regime: float, seeds: Sequence[int], epochs: int, timeout: float,
+        on_progress: Callable[[str], None], on_line: Callable[[str], None]) -> dict[str, Any]:
+    """Measure the compute-only step, set the link, run every configuration for every seed."""
+    on_progress("compute-only step at the small batch (unshaped hosts, plain optimizer)")
+    probe = _launch(["--config", LOCAL, "--epochs", str(epochs)], None, timeout, on_line)
+    rate = regime_rate(regime, probe["compute_step_s"], probe["grad_bytes"], 2)
+    on_progress(f"compute-only {probe['compute_step_s'] * 1e3:.1f} ms, gradients "
+                f"{probe['grad_bytes'] / 2**20:.1f} MiB: link {rate} for R = {regime}")
+    runs: dict[str, list[dict]] = {c: [] for c in CONFIGS}
+    for i, seed in enumerate(seeds):
+        order = CONFIGS[i % len(CONFIGS):] + CONFIGS[:i % len(CONFIGS)]
+        for config in order:
+            on_progress(f"seed {seed}: {config}")
+            got = _launch(["--config", config, "--seed", str(seed), "--epochs", str(epochs)],
+                          rate, timeout, on_line)
+            runs[config].append({"seed": seed, **got})
+            last = got["epochs"][-1]
+            on_progress(f"  {got['total_s']:.1f} s, accuracy {100 * last['val_accuracy']:.2f}"
+                        f" %, {last['rounds']} rounds")
+    return {"regime": regime, "rate": rate, "probe": probe, "seeds": list(seeds),
+            "epochs": epochs, "runs": runs}
+
+
+def time_to(epochs: Sequence[dict], target: float) -> tuple[float, int] | None:
+    """(wall s, rounds) at the end of the first epoch whose accuracy reaches ``target``."""
+    for e in epochs:
+        if e["val_accuracy"] >= target:
+            return e["wall_s"], e["rounds"]
+    return None
+
+
+def _spread(values: Sequence[float]) -> tuple[float, float]:
+    return statistics.mean(values), statistics.stdev(values) if len(values) > 1 else 0.0
+
+
+def summarize(result: dict[str, Any]) -> dict[str, Any]:
+    """Per configuration: final accuracy, time and rounds to target (mean and sd over seeds;
+    a run that never reached it counts as its total time and is counted in ``missed``), total
+    time, and the ratio of stock-small's mean time to target over its own."""
+    runs = result["runs"]
+    target = statistics.mean(r["epochs"][-1]["val_accuracy"] for r in runs[STOCK_SMALL]) \
+        - TARGET_DROP / 100
+    rows: dict[str, dict[str, Any]] = {}
+    for config, rs in runs.items():
+        reached = [time_to(r["epochs"], target) for r in rs]
+        times = [t[0] if t else r["total_s"] for t, r in zip(reached, rs, strict=True)]
+        rows[config] = {
+            "final_accuracy": _spread([100 * r["epochs"][-1]["val_accuracy"] for r in rs]),
+            "time_to_target_s": _spread(times),
+            "rounds_to_target": _spread([t[1] for t in reached if t] or [math.nan]),
+            "missed": sum(t is None for t in reached),
+            "total_s": _spread([r["total_s"] for r in rs]),
+            "final_rounds": rs[0]["epochs"][-1]["rounds"],
+            "plans": sorted({" / ".join(c["chosen"] for c in r.get("plan_choices", []))
+                             for r in rs} - {""}),
+        }
+    base = rows[STOCK_SMALL]["time_to_target_s"][0]
+    for row in rows.values():
+        row["speedup"] = base / row["time_to_target_s"][0]
+    return {"target": 100 * target, "rows": rows}
+
+
+def markdown(result: dict[str, Any]) -> str:
+    s = summarize(result)
+    probe = result["probe"]
+    lines = [
+        f"Target: {s['target']:.2f} % (stock with the small batch, mean final accuracy, minus "
+        f"{TARGET_DROP} points). R = {result['regime']} at the small batch: compute-only "
+        f"{probe['compute_step_s'] * 1e3:.1f} ms/step, {probe['grad_bytes'] / 2**20:.2f} MiB "
+        f"of gradients, link {result['rate']}; seeds {', '.join(map(str, result['seeds']))}; "
+        "mean ± sd.", "",
+        "| run | time to target (s) | vs stock, small batch | final accuracy % | rounds to "
+        "target | total (s) | `auto`'s plans |",
+        "|---|---|---|---|---|---|---|"]
+    for config, row in s["rows"].items():
+        t, sd = row["time_to_target_s"]
+        acc, acc_sd = row["final_accuracy"]
+        rounds = row["rounds_to_target"][0]
+        missed = f" ({row['missed']} missed)" if row["missed"] else ""
+        lines.append(
+            f"| {config} | {t:.1f} ± {sd:.1f}{missed} | {row['speedup']:.2f}x | {acc:.2f} ± "
+            f"{acc_sd:.2f} | {rounds:.0f} | {row['total_s'][0]:.1f} | "
+            f"{'; '.join(row['plans']) or '-'} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    """Test accuracy against wall time, every run (one colour per configuration)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    target = summarize(result)["target"]
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for (config, rs), colour in zip(result["runs"].items(), ("C0", "C1", "C2", "C3"),
+                                    strict=True):
+        for k, r in enumerate(rs):
+            ax.plot([e["wall_s"] for e in r["epochs"]],
+                    [100 * e["val_accuracy"] for e in r["epochs"]], color=colour, alpha=0.8,
+                    label=config if k == 0 else None)
+    ax.axhline(target, color="grey", linestyle="--", linewidth=1, label="target")
+    ax.set_xlabel("wall time (s)")
+    ax.set_ylabel("test accuracy (%)")
+    ax.set_ylim(max(80.0, target - 10), 100)
+    ax.set_title(f"digits, wide MLP, 2 emulated hosts at R = {result['regime']}")
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,161 @@
+"""One rank of a time-to-accuracy run (``python -m benchmarks time-to-accuracy`` starts it on
+every emulated host): digits, a wide MLP, SGD with momentum, the small batch or the growth
+policy of the batch-growth study, stock Horovod or the plugin's ``strategy="auto"``.
+
+    python -m benchmarks.tta_worker --config auto-growth --seed 1 --out run.json
+
+Rank 0 writes, per epoch: the wall time since training began (tracing, ``auto``'s settling and
+the validation included: what a user waits for), the test accuracy, the optimizer steps so far
+(= communication rounds), the global batch and the median step; with the plugin, every plan it
+chose. ``--config local-small`` times the compute-only step (each rank's plain optimizer, no
+collective: ``--probe-steps`` steps at the small batch) and writes its median instead.
+
+Stock runs never import the plugin's runtime (``hvd_overlap.keras``): they use only its growth
+policy and data loop (``hvd_overlap.growth``), which stock Horovod lacks; the JSON records which
+plugin modules the process loaded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import horovod.tensorflow.keras as hvd
+import numpy as np
+import tensorflow as tf
+from sklearn.datasets import load_digits
+from sklearn.model_selection import train_test_split
+
+from hvd_overlap.growth.callback import BatchSizeScheduler
+from hvd_overlap.growth.data import ShardedDataset, fit_with_growth
+from hvd_overlap.growth.policy import BatchGrowth, Periodic
+
+CONFIGS = ("stock-small", "stock-growth", "auto-small", "auto-growth")
+LOCAL = "local-small"
+WIDTH = 1024  # the hidden layers: a 1024x1024 kernel, the dense factor exchange's to carry
+
+
+def load(seed: int = 0):
+    """The batch-growth study's split: 1347 training images, 450 held out."""
+    x, y = load_digits(return_X_y=True)
+    x = (x / 16.0).astype("float32")
+    return train_test_split(x, y.astype("int64"), test_size=0.25, stratify=y, random_state=seed)
+
+
+def make_model(seed: int) -> tf.keras.Model:
+    tf.keras.utils.set_random_seed(seed)
+    L = tf.keras.layers
+    return tf.keras.Sequential([L.Dense(WIDTH, activation="relu", input_shape=(64,)),
+                                L.Dense(WIDTH, activation="relu"), L.Dense(10)])
+
+
+def make_policy(config: str, args: argparse.Namespace) -> BatchGrowth:
+    """The study's small batch, or its recommended growth (x2 every ``every`` epochs up to
+    ``factor`` times the small batch, linear LR, ``warmup`` steps of ramp after each growth)."""
+    common = dict(num_ranks=hvd.size(), base_lr=args.lr, initial_batch=args.small)
+    if config.endswith("-small"):
+        return BatchGrowth(None, **common)
+    return BatchGrowth(Periodic(args.every, factor=2), **common, lr_scaling="linear",
+                       warmup_steps=args.warmup, max_global_batch=args.small * args.factor)
+
+
+class Record(tf.keras.callbacks.Callback):
+    """Per epoch: wall time since ``t0``, test accuracy, optimizer steps, batch, median step."""
+
+    def __init__(self, t0: float):
+        super().__init__()
+        self.t0 = t0
+        self.epochs: list[dict] = []
+        self._steps: list[float] = []
+        self._start = 0.0
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self._start = time.perf_counter()
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._steps.append(time.perf_counter() - self._start)
+
+    def on_epoch_end(self, epoch, logs=None):
+        logs = logs or {}
+        self.epochs.append({
+            "epoch": epoch, "wall_s": time.perf_counter() - self.t0,
+            "val_accuracy": float(logs.get("val_accuracy", float("nan"))),
+            "rounds": int(self.model.optimizer.iterations.numpy()),
+            "global_batch": int(logs.get("batch_size", 0)),
+            "step_ms": 1e3 * statistics.median(self._steps) if self._steps else None})
+        self._steps = []
+
+
+def probe(args: argparse.Namespace) -> dict:
+    """The compute-only step at the small batch: the plain optimizer, no collective."""
+    x_train, _, y_train, _ = load()
+    model = make_model(args.seed)
+    model.compile(optimizer=tf.keras.optimizers.SGD(args.lr, momentum=0.9),
+                  loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    data = ShardedDataset(x_train, y_train, seed=args.seed)
+    per_rank = args.small // hvd.size()
+    times: list[float] = []
+    rec = Record(time.perf_counter())
+    while len(times) < args.probe_steps:
+        model.fit(data.for_epoch(len(times), per_rank), verbose=0, callbacks=[rec])
+        times += rec._steps
+        rec._steps = []
+    steady = times[5:] or times  # the first steps trace
+    return {"compute_step_s": statistics.median(steady), "steps": len(times),
+            "grad_bytes": 4 * sum(int(np.prod(v.shape)) for v in model.trainable_variables)}
+
+
+def train(args: argparse.Namespace) -> dict:
+    x_train, x_test, y_train, y_test = load()
+    model = make_model(args.seed)
+    opt = tf.keras.optimizers.SGD(args.lr, momentum=0.9)
+    callbacks: list[tf.keras.callbacks.Callback] = []
+    if args.config.startswith("stock"):
+        opt = hvd.DistributedOptimizer(opt)
+    else:
+        import hvd_overlap.keras as hvdo
+
+        opt = hvdo.DistributedOptimizer(opt, strategy="auto")
+        callbacks.append(hvdo.OverlapCallback())
+    model.compile(optimizer=opt, metrics=["accuracy"],
+                  loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    scheduler = BatchSizeScheduler(make_policy(args.config, args))
+    t0 = time.perf_counter()
+    record = Record(t0)
+    fit_with_growth(model, x_train, y_train, scheduler=scheduler, epochs=args.epochs,
+                    seed=args.seed, validation_data=(x_test, y_test),
+                    callbacks=[*callbacks, hvd.callbacks.BroadcastGlobalVariablesCallback(0),
+                               record])
+    out = {"epochs": record.epochs, "total_s": time.perf_counter() - t0,
+           "plugin_modules": sorted(m for m in sys.modules if m.startswith("hvd_overlap.keras"))}
+    if not args.config.startswith("stock"):
+        out["plan_choices"] = [{k: c[k] for k in ("why", "chosen", "steps", "seconds")}
+                               for c in model.optimizer.plan_choices]
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--config", choices=(*CONFIGS, LOCAL), required=True)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--epochs", type=int, default=24)
+    ap.add_argument("--small", type=int, default=32, help="the small global batch")
+    ap.add_argument("--factor", type=int, default=16, help="growth cap: factor x small")
+    ap.add_argument("--every", type=int, default=3, help="epochs between doublings")
+    ap.add_argument("--warmup", type=int, default=50, help="LR ramp steps after each growth")
+    ap.add_argument("--lr", type=float, default=0.04, help="the LR at the small batch")
+    ap.add_argument("--probe-steps", type=int, default=60)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args(argv)
+    hvd.init()
+    result = probe(args) if args.config == LOCAL else train(args)
+    if hvd.rank() == 0:
+        Path(args.out).write_text(json.dumps({"config": vars(args), **result}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

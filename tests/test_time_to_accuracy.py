@@ -1,0 +1,57 @@
+"""``python -m benchmarks time-to-accuracy``'s arithmetic on made-up runs: the target, each run's
+time to it, the spread over seeds and the table (the launches themselves need root and minutes:
+docs/time_to_accuracy.md says how they were run)."""
+
+import pytest
+
+from benchmarks import time_to_accuracy as tta
+
+
+def _run(accs, wall=10.0, rounds=42, total=None, plans=()):
+    epochs = [{"epoch": i, "wall_s": wall * (i + 1), "val_accuracy": a,
+               "rounds": rounds * (i + 1), "global_batch": 32, "step_ms": 5.0}
+              for i, a in enumerate(accs)]
+    return {"epochs": epochs, "total_s": total or wall * len(accs),
+            "plan_choices": [{"chosen": p} for p in plans]}
+
+
+RESULT = {
+    "regime": 2.0, "rate": "1000kbit", "seeds": [1, 2], "epochs": 3,
+    "probe": {"compute_step_s": 0.005, "grad_bytes": 4 * 2**20},
+    "runs": {
+        "stock-small": [_run([0.90, 0.96, 0.970]), _run([0.91, 0.95, 0.980])],
+        "stock-growth": [_run([0.90, 0.975, 0.976], wall=6.0), _run([0.9, 0.9, 0.9], wall=6.0)],
+        "auto-small": [_run([0.97, 0.97, 0.97], wall=8.0, plans=["sharded"])] * 2,
+        "auto-growth": [_run([0.80, 0.971, 0.98], wall=4.0, plans=["sharded", "horovod"])] * 2,
+    }}
+
+
+def test_time_to_target_is_the_first_epoch_reaching_it():
+    epochs = RESULT["runs"]["stock-small"][0]["epochs"]
+    assert tta.time_to(epochs, 0.96) == (20.0, 84)
+    assert tta.time_to(epochs, 0.99) is None
+
+
+def test_summary_target_spread_misses_and_speedups():
+    s = tta.summarize(RESULT)
+    assert s["target"] == pytest.approx(97.5 - 0.5)          # stock-small's mean final, -0.5
+    rows = s["rows"]
+    # stock-small: 0.970 reaches 0.970 at epoch 3 (30 s); 0.980 at epoch 3 too
+    assert rows["stock-small"]["time_to_target_s"] == (30.0, 0.0)
+    assert rows["stock-small"]["speedup"] == pytest.approx(1.0)
+    # stock-growth: one run at 12 s, one never (counted as its 18 s total, and missed)
+    assert rows["stock-growth"]["time_to_target_s"][0] == pytest.approx(15.0)
+    assert rows["stock-growth"]["missed"] == 1
+    assert rows["auto-small"]["time_to_target_s"] == (8.0, 0.0)
+    assert rows["auto-growth"]["speedup"] == pytest.approx(30.0 / 8.0)
+    assert rows["auto-growth"]["plans"] == ["sharded / horovod"]
+    assert rows["auto-growth"]["final_accuracy"][0] == pytest.approx(98.0)
+
+
+def test_markdown_has_one_row_per_configuration():
+    text = tta.markdown(RESULT)
+    assert "Target: 97.00 %" in text and "link 1000kbit" in text
+    rows = [line for line in text.splitlines() if line.startswith("| ") and "x |" in line]
+    assert [r.split(" | ")[0] for r in rows] == ["| stock-small", "| stock-growth",
+                                                 "| auto-small", "| auto-growth"]
+    assert "(1 missed)" in text and "3.75x" in text

@@ -71,6 +71,7 @@ class Record(tf.keras.callbacks.Callback):
         self.t0 = t0
         self.epochs: list[dict] = []
         self._steps: list[float] = []
+        self.all_steps: list[float] = []  # every step's time, all epochs
         self._start = 0.0
 
     def on_train_batch_begin(self, batch, logs=None):
@@ -78,6 +79,7 @@ class Record(tf.keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         self._steps.append(time.perf_counter() - self._start)
+        self.all_steps.append(self._steps[-1])
 
     def on_epoch_end(self, epoch, logs=None):
         logs = logs or {}
@@ -98,12 +100,12 @@ def probe(args: argparse.Namespace) -> dict:
                   loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     data = ShardedDataset(x_train, y_train, seed=args.seed)
     per_rank = args.small // hvd.size()
-    times: list[float] = []
     rec = Record(time.perf_counter())
-    while len(times) < args.probe_steps:
-        model.fit(data.for_epoch(len(times), per_rank), verbose=0, callbacks=[rec])
-        times += rec._steps
-        rec._steps = []
+    epoch = 0
+    while len(rec.all_steps) < args.probe_steps:
+        model.fit(data.for_epoch(epoch, per_rank), verbose=0, callbacks=[rec])
+        epoch += 1
+    times = rec.all_steps
     steady = times[5:] or times  # the first steps trace
     return {"compute_step_s": statistics.median(steady), "steps": len(times),
             "grad_bytes": 4 * sum(int(np.prod(v.shape)) for v in model.trainable_variables)}

@@ -113,10 +113,11 @@ class OverlapCallback(tf.keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         opt = self._optimizer()
         if opt is not None:
-            self._epoch_steps.append(time.perf_counter() - self._started)
+            took = time.perf_counter() - self._started
+            self._epoch_steps.append(took)
             # steady steps only: the first of an epoch follows a flush, a landing step lands
             # twice
-            opt.observe_step(time.perf_counter() - self._started,
+            opt.observe_step(took,
                              usable=batch > 0 and self._kind is StepKind.DEFER)
             if opt.take_retrace():  # the first trace could not defer yet
                 self._make_train_functions()

@@ -13,6 +13,21 @@ import hvd_overlap  # noqa: F401  (sets the Horovod environment before hvd.init)
 hvd.init()
 
 
+@pytest.fixture
+def exchanged(monkeypatch):
+    """How many times a patched layer was activated (the exchange carried its kernel)."""
+    from hvd_overlap.keras.exchange import ExchangedDense
+
+    count = {"n": 0}
+    original = ExchangedDense.activate
+
+    def activate(self, rows, keep=False):
+        count["n"] += 1
+        return original(self, rows, keep)
+    monkeypatch.setattr(ExchangedDense, "activate", activate)
+    return count
+
+
 def pytest_collection_modifyitems(config, items):
     if os.environ.get("HOROVOD_RANK") is None or hvd.size() < 2:
         skip = pytest.mark.skip(reason="multi-rank test: run via scripts/test (horovodrun -np 2)")

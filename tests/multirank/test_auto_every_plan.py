@@ -9,7 +9,6 @@ import pytest
 import tensorflow as tf
 
 from hvd_overlap.core.autoplan import Candidate
-from hvd_overlap.keras.exchange import ExchangedDense
 from hvd_overlap.keras.executors import auto
 from hvd_overlap.keras.mirrored_state import MirroredState
 from tests.multirank.helpers import (
@@ -33,19 +32,6 @@ MODEL = "dense_big"
 @pytest.fixture(autouse=True)
 def short_trials(monkeypatch):
     monkeypatch.setattr(auto, "TRIAL_STEPS", 1)
-
-
-@pytest.fixture
-def exchanged(monkeypatch):
-    """How many times a patched layer was activated (the exchange carried its kernel)."""
-    count = {"n": 0}
-    original = ExchangedDense.activate
-
-    def activate(self, rows, keep=False):
-        count["n"] += 1
-        return original(self, rows, keep)
-    monkeypatch.setattr(ExchangedDense, "activate", activate)
-    return count
 
 
 def choose_the_exchange(monkeypatch) -> None:

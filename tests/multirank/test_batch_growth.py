@@ -183,13 +183,12 @@ def _assert_same_weights(got, ref):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
-def test_auto_chooses_again_at_a_growth_and_equals_stock(monkeypatch):
+def test_auto_chooses_again_at_a_growth_and_equals_stock(monkeypatch, exchanged):
     """``strategy="auto"`` under batch growth: at the growth (48 steps to run at the new
     batch: long enough) the plan is chosen again (the probe, every trial, the choice: a second
     online check), switching out of a sharded plan with the dense factor exchange and back
     into it; the weights are stock Horovod's with the same growth."""
     from hvd_overlap.core.autoplan import Candidate
-    from hvd_overlap.keras.exchange import ExchangedDense
     from hvd_overlap.keras.executors import auto
 
     probe, exchange = Candidate("horovod"), Candidate("sharded", 8192, exchange="rows")
@@ -198,13 +197,6 @@ def test_auto_chooses_again_at_a_growth_and_equals_stock(monkeypatch):
     monkeypatch.setattr(auto, "TRIAL_STEPS", 1)  # a check: 24 steps
     monkeypatch.setattr(auto.AutoExecutor, "_agree",
                         lambda self, values: [ms[self.current] / 1e3, 1.0])
-    activated = {"n": 0}
-    original = ExchangedDense.activate
-
-    def activate(self, rows, keep=False):
-        activated["n"] += 1
-        return original(self, rows, keep)
-    monkeypatch.setattr(ExchangedDense, "activate", activate)
 
     ref, _, ref_history = _growth_run(hvd.DistributedOptimizer, [], {1: 2}, epochs=4)
     got, opt, history = _growth_run(_auto(trials), [hvdo.OverlapCallback()], {1: 2}, epochs=4)
@@ -220,7 +212,7 @@ def test_auto_chooses_again_at_a_growth_and_equals_stock(monkeypatch):
     assert [c["chosen"] for c in choices] == [exchange.describe()] * 2
     assert set(ex.measured) == {probe, *trials} and ex.settled  # the second check, whole
     assert ex.current == exchange
-    assert activated["n"] > 0, "the exchange never carried a kernel"
+    assert exchanged["n"] > 0, "the exchange never carried a kernel"
     _assert_same_weights(got, ref)
 
 

@@ -295,7 +295,7 @@ class AutoExecutor(Executor):
 
     def _predict_for(self, why: str, batch_factor: float | None, horizon: int) -> None:
         """The plan for a batch that runs too few steps for a check: the simulator's pick
-        (the probe unless another is predicted faster by ``autoplan.MIN_GAIN``) from the model
+        (the probe unless another is predicted faster by ``PREDICTED_GAIN``) from the model
         fitted in the last check, its compute scaled by ``batch_factor``; without such a model
         (the check did not rank, or the factor is unknown) the current plan stays."""
         self.trigger = why
@@ -318,11 +318,8 @@ class AutoExecutor(Executor):
             self.reason = (f"{short}; predicted {choice.describe()} "
                            f"{self.predicted.get(choice, probe_s) * 1e3:.1f} vs "
                            f"{self.probe.describe()} {probe_s * 1e3:.1f} ms/step")
-        self._switch(choice)
-        self.queue, self.confirming, self.settled = [], None, True
-        self.choices.append({"why": why, "chosen": choice.describe(), "reason": self.reason,
-                             "steps": 0, "seconds": 0.0})
-        self._say(f"{self.label} chose {choice.describe()}: {self.reason}")
+        self.queue, self.confirming = [], None
+        self._chose(choice, steps=0, seconds=0.0)
 
     def _second_pass(self) -> Candidate:
         """The first pass's choice if the second pass confirms it, else the probe."""
@@ -338,13 +335,17 @@ class AutoExecutor(Executor):
                            f"({b:.1f} vs {p:.1f} ms/step): keeping {probe.describe()}")
         return again
 
-    def _settle(self, choice: Candidate) -> None:
+    def _chose(self, choice: Candidate, steps: int, seconds: float) -> None:
+        """Run ``choice`` from the next step, the check over; record and say it (``steps``
+        and ``seconds``: what choosing cost this rank)."""
         self._switch(choice)
         self.settled = True
         self.choices.append({"why": self.trigger, "chosen": choice.describe(),
-                             "reason": self.reason, "steps": self.settling_steps,
-                             "seconds": self.settling_s})
+                             "reason": self.reason, "steps": steps, "seconds": seconds})
         self._say(f"{self.label} chose {choice.describe()}: {self.reason}")
+
+    def _settle(self, choice: Candidate) -> None:
+        self._chose(choice, self.settling_steps, self.settling_s)
         if hvd.rank() == 0:  # (this rank's own times: not in the log the ranks share)
             print(f"hvd_overlap: {self.label}: {self.settling_cost()} (rank 0)",
                   file=sys.stderr, flush=True)

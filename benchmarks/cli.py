@@ -211,9 +211,9 @@ def calibrate(nets: tuple[str, ...], net_model: str, ranks: tuple[int, ...], rep
     from benchmarks import calibrate as cal
     from benchmarks.launch import BenchError
     from benchmarks.netns import parse_net
-    from benchmarks.validation import OVERHEADS_FORMAT, net_key
+    from benchmarks.validation import net_key
     from hvd_overlap.core.sim.cluster import parse_rate
-    from hvd_overlap.core.sim.laws import fit_laws
+    from hvd_overlap.tools.collective_costs import check_file, fit_line, laws_line, record
 
     counts = sorted(set(ranks))
     if repeats < 1:
@@ -221,56 +221,32 @@ def calibrate(nets: tuple[str, ...], net_model: str, ranks: tuple[int, ...], rep
     if 2 not in counts or min(counts) < 2:
         raise click.UsageError("--np: rank counts of 2 or more, 2 among them (the laws are "
                                "anchored at 2 ranks)")
-    old = json.loads(Path(json_path).read_text()) if merge and Path(json_path).exists() else {}
-    out: dict[str, dict] = dict(old.get("nets", {}))
-    commands = [old["command"]] if old.get("command") else []
+    doc = json.loads(Path(json_path).read_text()) if merge and Path(json_path).exists() else {}
+    try:
+        check_file(doc, json_path)
+    except ValueError as e:
+        raise click.UsageError(str(e)) from None
+    command = (f"python -m benchmarks calibrate --net-model {net_model} "
+               + " ".join(f"--net {n}" for n in nets) + "".join(f" --np {p}" for p in counts)
+               + (f" --repeats {repeats}" if repeats != 9 else "") + f" --json {json_path}"
+               + (" --merge" if merge else ""))
     for net in nets:
         key = net_key(net, net_model)
-        by_ranks: dict[int, dict] = {}
+        rate = parse_net(net)
         for p in counts:
             try:
-                by_ranks[p] = cal.calibrate(net, timeout, net_model, p, repeats)
+                measured = cal.calibrate(net, timeout, net_model, p, repeats)
             except (BenchError, RuntimeError, ValueError) as e:
                 raise click.ClickException(str(e)) from None
-            click.echo(f"{key}, {p} ranks: {_calibration_line(by_ranks[p]['fit'])}")
-        out[key] = {**by_ranks[2]}
-        if len(counts) > 1:
-            rate = parse_net(net)
-            out[key]["ranks"] = {str(p): m for p, m in by_ranks.items() if p != 2}
-            laws = fit_laws({p: m["fit"] for p, m in by_ranks.items()},
-                            None if rate is None else parse_rate(rate))
-            out[key]["laws"] = laws
-            click.echo(f"{key}: {_laws_line(laws)}")
-    commands.append(f"python -m benchmarks calibrate --net-model {net_model} "
-                    + " ".join(f"--net {n}" for n in nets)
-                    + "".join(f" --np {p}" for p in counts)
-                    + (f" --repeats {repeats}" if repeats != 9 else "") + f" --json {json_path}"
-                    + (" --merge" if merge else ""))
-    Path(json_path).write_text(json.dumps({
-        "format": OVERHEADS_FORMAT, "what": "Horovod over Gloo, pinned, at 2 ranks (a net's "
-        "'fit') and at the rank counts of its 'ranks', with the laws fitted over them; see "
-        "benchmarks/calibrate.py", "command": "; ".join(commands), "nets": out,
-        **({"cluster_defaults": old["cluster_defaults"]} if "cluster_defaults" in old else {})},
-        indent=1))
-
-
-def _calibration_line(f: dict) -> str:
-    phases = ", ".join(f"{k.split('_bandwidth')[0]} {f[k] / 1e6:.0f} MB/s" for k in
-                       ("reduce_scatter_bandwidth", "allgather_bandwidth",
-                        "alltoall_gather_bandwidth") if k in f)
-    return (f"overhead {f['overhead_s'] * 1e3:.3f} ms, cycle period "
-            f"{f['cycle_period_s'] * 1e3:.3f} ms, bandwidth {f['bandwidth'] / 1e6:.0f} MB/s, "
-            f"{f['tensor_s'] * 1e6:.0f} us/tensor, cpu steal {f['cpu_steal']:.2f}, comm "
-            f"slowdown {f['comm_slowdown']:.2f}; {phases}")
-
-
-def _laws_line(laws: dict) -> str:
-    parts = [f"{name} {laws[name]['law']} (worst error {laws[name]['worst']:.0%})"
-             for name in ("overhead_s", "tensor_s")]
-    parts += [f"{name} {law['share']:.2f} of the rate (worst error "
-              f"{max(abs(e) for e in law['errors'].values()):.0%})"
-              for name, law in laws.items() if isinstance(law, dict) and "share" in law]
-    return "; ".join(parts)
+            click.echo(f"{key}, {p} ranks: {fit_line(measured['fit'])}")
+            doc = record(doc, key, p, measured, None if rate is None else parse_rate(rate))
+        if "laws" in doc["nets"][key]:
+            click.echo(f"{key}: {laws_line(doc['nets'][key]['laws'])}")
+    doc["command"] = "; ".join(c for c in (doc.get("command"), command) if c)
+    doc["what"] = ("Horovod over Gloo, pinned, at 2 ranks (a net's 'fit') and at the rank "
+                   "counts of its 'ranks', with the laws fitted over them; see "
+                   "benchmarks/calibrate.py")
+    Path(json_path).write_text(json.dumps(doc, indent=1))
 
 
 @main.command()
@@ -338,6 +314,26 @@ def predict(model: str, np_: int, batch_size: int, steps: int, warmup: int,
     click.echo(f"measure with: {out['bench_command']} --json BENCH.json")
 
 
+@main.command("gpu-profile")
+@click.argument("raw_paths", metavar="RAW.json...", nargs=-1, required=True,
+                type=click.Path(exists=True, dir_okay=False))
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), required=True,
+              help="folder for the profiles (hvd_overlap/core/profiles ships them)")
+def gpu_profile(raw_paths: tuple[str, ...], out_dir: str) -> None:
+    """Turn GPU layer timings (``benchmarks/gpu_layers.py``, run on a GPU machine with
+    PyTorch) into the simulator's profiles, one per model and precision."""
+    from benchmarks.gpu_profile import convert
+
+    try:
+        written = convert([Path(p) for p in raw_paths], Path(out_dir))
+    except (ValueError, KeyError) as e:
+        raise click.ClickException(f"{e}") from None
+    for path, prof in written:
+        click.echo(f"{prof.model}: {len(prof.layers)} layers, compute "
+                   f"{prof.compute_s * 1e3:.2f} ms/step at batch {prof.batch_size} "
+                   f"({prof.meta['device']}, {prof.meta['precision']}) -> {path}")
+
+
 @main.command("check-predictions")
 @click.argument("pairs", metavar="PREDICTION.json BENCH.json ...", nargs=-1, required=True,
                 type=click.Path(exists=True, dir_okay=False))
@@ -372,9 +368,10 @@ def check_predictions(pairs: tuple[str, ...], md_path: str | None) -> None:
               show_default=True, help="per-rank link rates, comma-separated")
 @click.option("--latency", "latencies", default="2us,10us,50us", show_default=True,
               help="per-hop latencies, comma-separated")
-@click.option("--family", type=click.Choice(["whole", "sharded"]), default="whole",
-              show_default=True, help="whole: strategy='auto'; sharded: strategy='sharded' "
-                                      "with bucket_bytes='auto'")
+@click.option("--family", type=click.Choice(["every", "whole", "sharded"]), default="every",
+              show_default=True, help="every: strategy='auto'; whole: strategy='auto' with an "
+                                      "optimizer that cannot be sharded; sharded: "
+                                      "strategy='sharded' with bucket_bytes='auto'")
 @click.option("--markdown", "md_path", type=click.Path(dir_okay=False),
               help="also write the summary table here")
 def auto_grid(profile_paths: tuple[str, ...], np_: str, bandwidths: str, latencies: str,

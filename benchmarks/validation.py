@@ -21,6 +21,7 @@ from hvd_overlap.core.simulate import (
     load_profile,
     simulate,
 )
+from hvd_overlap.tools.collective_costs import OVERHEADS_FORMAT
 
 #: measured profiles of the bench models and the calibration, made on this repository's machine
 PROFILES = Path(__file__).with_name("profiles")
@@ -29,7 +30,6 @@ OVERHEADS = PROFILES / "overheads-gloo-2rank.json"
 #: which the predictions beyond 2 ranks use; the 2-rank file stays what the 2-rank validation
 #: was made with
 OVERHEADS_BY_RANKS = PROFILES / "overheads-gloo-2to4ranks.json"
-OVERHEADS_FORMAT = "hvd-overlap-overheads/1"
 TOLERANCE = 0.15
 
 
@@ -49,7 +49,8 @@ def load_overheads(path: str | Path = OVERHEADS) -> dict[str, Any]:
     """The measured per-collective costs (``python -m benchmarks calibrate``), by network name."""
     d = json.loads(Path(path).read_text())
     if d.get("format") != OVERHEADS_FORMAT:
-        raise ValueError(f"{path}: not written by `python -m benchmarks calibrate`")
+        raise ValueError(f"{path}: not a calibration file (hvd-overlap calibrate, python -m "
+                         "benchmarks calibrate)")
     return d
 
 

@@ -116,6 +116,23 @@ def test_simulate_shows_auto_sharded(tmp_path):
     assert "sharded" in line.split(":", 1)[1]
 
 
+def test_simulated_auto_chooses_among_every_plan_as_the_runtime_does(tmp_path):
+    """`simulate --strategies auto` is strategy="auto": on a GPU-fast VGG-16 over 10 GbE only
+    the exchange wins big, and auto takes it; `auto_whole` stays among whole-state plans."""
+    out = tmp_path / "sim.json"
+    result = CliRunner().invoke(main, ["simulate", "vgg16-h200", "--np", "8", "--bandwidth",
+                                       "10gbit", "--latency", "50us", "--strategies",
+                                       "horovod,auto,auto_whole", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    picks = {a["as"]: a for a in json.loads(out.read_text())["profiles"]["vgg16-h200"]["auto"]}
+    assert picks["auto"]["exchange"] == "auto" and picks["auto"]["speedup_vs_stock"] > 3
+    assert picks["auto_whole"]["strategy"] in autoplan.WHOLE_STATE
+    assert picks["auto_whole"]["speedup_vs_stock"] < 1.1
+    # where nothing beats stock by the margin (a link too fast to matter), auto keeps stock
+    fast = Cluster(ranks=8, bandwidth=1e15, latency=0.0)
+    assert choose(SIX, fast, family="every").best == Candidate("horovod")
+
+
 # --- the run-time half: a profile of the real variables, fitted to a measured step -------------
 
 def _specs():

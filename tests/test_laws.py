@@ -67,7 +67,7 @@ def test_measured_cluster_uses_the_laws_and_the_nearest_calibrated_rate():
 
 
 def test_ring_terms_of_the_allreduce_bandwidth_at_four_ranks():
-    from benchmarks.calibrate import GROUP, SIZES, fit
+    from hvd_overlap.tools.collective_costs import GROUP, SIZES, fit
 
     def run(base: float) -> dict:  # 4 ranks: 2 x 3/4 of n bytes at 1e9 bytes/s
         return {"sizes": {str(n): {"wall_s": base + 1.5 * n / 1e9} for n in SIZES},

@@ -300,7 +300,7 @@ def test_validation_against_a_bench_run(tmp_path):
 
 
 def test_calibration_fit():
-    from benchmarks.calibrate import GROUP, SIZES, fit
+    from hvd_overlap.tools.collective_costs import GROUP, SIZES, fit
 
     def run(base: float) -> dict:
         return {"sizes": {str(n): {"wall_s": base + n / 1e9} for n in SIZES},
@@ -317,7 +317,7 @@ def test_calibration_fit():
 
 
 def test_calibration_fit_per_collective_type():
-    from benchmarks.calibrate import GROUP, PHASE_SIZES, SIZES, fit
+    from hvd_overlap.tools.collective_costs import GROUP, PHASE_SIZES, SIZES, fit
 
     def run(base: float) -> dict:
         return {"sizes": {str(n): {"wall_s": base + n / 1e9} for n in SIZES},

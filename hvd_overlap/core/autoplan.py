@@ -4,9 +4,11 @@ model here (``profile_from_specs``, its compute fitted to a measured step by ``f
 ranks the candidates, and measures the first ones (``trial_order``) before keeping the fastest
 (``pick``).
 
-Family ``whole`` (``strategy="auto"``): plans that keep the optimizer state whole -- stock
-Horovod's own fusion (``horovod``), ``layerwise``, ``hybrid`` and ``deferred``, each at several
-bucket sizes, ``hybrid`` at several split points. Stock's path is always a candidate, so the
+Family ``every`` (``strategy="auto"`` with an optimizer that can be sharded): every plan below,
+the sharded ones also with the dense factor exchange. Family ``whole`` (``strategy="auto"``
+where sharding cannot run): plans that keep the optimizer state whole -- stock Horovod's own
+fusion (``horovod``), ``layerwise``, ``hybrid`` and ``deferred``, each at several bucket sizes,
+``hybrid`` at several split points. In both, stock's path is always a candidate, so the
 predicted step of the choice is never longer than stock's; the margin says by how much it is
 shorter. Family ``sharded`` (``strategy="sharded", bucket_bytes="auto"``: the user asked for
 sharding): ``sharded`` and ``sharded_hybrid`` at those sizes and splits, the fastest kept even if
@@ -87,7 +89,7 @@ class Choice:
 
     @property
     def speedup(self) -> float:
-        """Predicted stock step / chosen step (>= 1 for the ``whole`` family)."""
+        """Predicted stock step / chosen step (>= 1 but for the ``sharded`` family)."""
         return self.stock.step_s / self.result.step_s
 
     def reason(self) -> str:
@@ -148,21 +150,22 @@ def rank(profile: Profile, cluster: Cluster, pool: Iterable[Candidate]
 
 def choose(profile: Profile, cluster: Cluster, options: Sequence[Candidate] | None = None,
            family: str = "whole") -> Choice:
-    """The candidate with the shortest predicted step. ``whole``: stock's path unless another
-    one is predicted faster by more than ``MIN_GAIN`` (ties and rounding keep stock);
-    ``sharded``: the fastest sharded candidate (stock is the reference only)."""
+    """The candidate with the shortest predicted step. ``whole`` and ``every``: stock's path
+    unless another one is predicted faster by more than ``MIN_GAIN`` (ties and rounding keep
+    stock); ``sharded``: the fastest sharded candidate (stock is the reference only)."""
     if family not in FAMILIES:
         raise ValueError(f"family {family!r}: choose {' or '.join(FAMILIES)}")
     stock_c = Candidate("horovod")
+    keeps_stock = family != "sharded"
     pool = list(options if options is not None else candidates(
-        profile, strategies=FAMILIES[family]))
-    pool = [c for c in pool if c != stock_c] + ([stock_c] if family == "whole" else [])
+        profile, strategies=FAMILIES[family], exchange=family == "every"))
+    pool = [c for c in pool if c != stock_c] + ([stock_c] if keeps_stock else [])
     ranked = rank(profile, cluster, pool)
     if not ranked:
         raise ValueError("no candidate to choose from")
     stock = predict(profile, cluster, stock_c)
     best, result = ranked[0]
-    if family == "whole" and result.step_s > stock.step_s * (1 - MIN_GAIN):
+    if keeps_stock and result.step_s > stock.step_s * (1 - MIN_GAIN):
         best, result = stock_c, stock
     return Choice(best, result, stock, tuple(ranked))
 

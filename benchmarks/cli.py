@@ -511,7 +511,7 @@ def time_to_accuracy(regime: float, seeds: str, epochs: int, timeout: float, out
         except (NetnsError, ValueError, RuntimeError) as e:
             raise click.ClickException(str(e)) from None
         path.write_text(json.dumps(result, indent=1))
-    text = tta.markdown(result)
+    text = tta.markdown(result) + "\n" + tta.prediction(result)
     (out / "time_to_accuracy.md").write_text(text)
     tta.plot(result, out / "time_to_accuracy.png")
     click.echo(text)

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.regime import regime_rate
-from benchmarks.tta_worker import CONFIGS, LOCAL
+from benchmarks.tta_worker import CONFIGS, LOCAL, load
 
 #: the target: the small-batch stock runs' mean final accuracy minus this many points
 TARGET_DROP = 0.5
@@ -160,3 +160,90 @@ def plot(result: dict[str, Any], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def schedule(config: dict[str, Any]) -> str:
+    """The growth runs' schedule in ``--growth`` syntax (global batches): x2 every ``every``
+    epochs from ``small`` up to ``small * factor``, that batch for the remaining epochs."""
+    phases, batch, left = [], config["small"], config["epochs"]
+    while left > 0:
+        n = left if batch >= config["small"] * config["factor"] else min(config["every"], left)
+        phases.append(f"{n}x{batch}")
+        left -= n
+        batch *= 2
+    return ",".join(phases)
+
+
+def mlp_profile(per_rank_batch: int, compute_s: float):
+    """The experiment's MLP as a simulator profile: each dense layer's compute in proportion to
+    its multiply-adds (backward twice the forward, once for the first layer), the whole scaled
+    to the measured compute-only step."""
+    from benchmarks.tta_worker import WIDTH
+    from hvd_overlap.core.simulate import Layer, Profile
+
+    shapes = [(64, WIDTH), (WIDTH, WIDTH), (WIDTH, 10)]
+    layers = tuple(Layer(f"dense_{i}", n_in * n_out, n_in * n_out * (1 if i == 0 else 2),
+                         4 * (n_in * n_out + n_out), tensors=2, dense=(n_in, n_out))
+                   for i, (n_in, n_out) in enumerate(shapes))
+    prof = Profile("tta-mlp", per_rank_batch, layers)
+    return prof.scaled(compute_s / prof.compute_s)
+
+
+def prediction(result: dict[str, Any]) -> str:
+    """The simulator's 2-rank prediction of the experiment beside what was measured: each
+    configuration's median step per phase, and the time to its target epochs (each seed's),
+    from the inputs taken before the runs: the compute-only probe, the link rate, the lab's
+    2-4-rank calibration on emulated hosts. The simulator predicts the steps only; tracing,
+    ``auto``'s settling and the per-epoch validation are the measured rest."""
+    from benchmarks.validation import OVERHEADS_BY_RANKS, load_overheads, measured_cluster
+    from hvd_overlap.core import growth_time
+
+    runs, probe = result["runs"], result["probe"]
+    config = runs[STOCK_SMALL][0]["config"]
+    ranks = 2
+    cluster = measured_cluster(result["rate"], ranks, load_overheads(OVERHEADS_BY_RANKS),
+                               "hosts")
+    profile = mlp_profile(config["small"] // ranks, probe["compute_step_s"])
+    phases = growth_time.parse_schedule(schedule(config))
+    samples = len(load()[0])
+    target = summarize(result)["target"] / 100
+    lines = [f"Predicted at {ranks} ranks (`hvd-overlap simulate` with `--growth "
+             f"{schedule(config)} --samples {samples}`; compute-only probe "
+             f"{probe['compute_step_s'] * 1e3:.2f} ms/step, link {result['rate']}, the lab's "
+             "2-4-rank calibration on emulated hosts), against the runs:", "",
+             "| run | global batch | predicted step ms | measured step ms (median) | error |",
+             "|---|---|---|---|---|"]
+    times = {}
+    for name, rs in runs.items():
+        grown = "growth" in name
+        sched = phases if grown else (growth_time.Phase(config["epochs"], config["small"]),)
+        pts = growth_time.phase_times(profile, cluster, sched, samples)
+        times[name] = pts
+        for pt in pts:
+            measured = statistics.median(e["step_ms"] for r in rs for e in r["epochs"]
+                                         if e["global_batch"] == pt.phase.batch)
+            predicted = 1e3 * (pt.plugin_s if name.startswith("auto") else pt.stock_s)
+            lines.append(f"| {name} | {pt.phase.batch} | {predicted:.1f} | {measured:.1f} | "
+                         f"{predicted / measured - 1:+.0%} |")
+    lines += ["", "| run | target epochs (per seed) | predicted s, steps only | measured s | "
+              "error | measured s, steps only (median step x steps) |", "|---|---|---|---|---|---|"]
+    for name, rs in runs.items():
+        plugin = name.startswith("auto")
+        epochs, pred, meas, steps_only = [], [], [], []
+        for r in rs:
+            hit = next((i for i, e in enumerate(r["epochs"]) if e["val_accuracy"] >= target),
+                       len(r["epochs"]) - 1)
+            epochs.append(hit + 1)
+            left, s = hit + 1, 0.0
+            for pt in times[name]:
+                n = min(pt.phase.epochs, left)
+                s += n * pt.epoch_s(plugin)
+                left -= n
+            pred.append(s)
+            meas.append(r["epochs"][hit]["wall_s"])
+            steps_only.append(sum(e["step_ms"] / 1e3 * (e["rounds"] - (r["epochs"][i - 1][
+                "rounds"] if i else 0)) for i, e in enumerate(r["epochs"][:hit + 1])))
+        p, m = statistics.mean(pred), statistics.mean(meas)
+        lines.append(f"| {name} | {', '.join(map(str, epochs))} | {p:.1f} | {m:.1f} | "
+                     f"{p / m - 1:+.0%} | {statistics.mean(steps_only):.1f} |")
+    return "\n".join(lines) + "\n"

@@ -55,3 +55,32 @@ def test_markdown_has_one_row_per_configuration():
     assert [r.split(" | ")[0] for r in rows] == ["| stock-small", "| stock-growth",
                                                  "| auto-small", "| auto-growth"]
     assert "(1 missed)" in text and "3.75x" in text
+
+
+def test_schedule_in_the_simulators_syntax():
+    config = {"small": 32, "factor": 16, "every": 3, "epochs": 24}
+    assert tta.schedule(config) == "3x32,3x64,3x128,3x256,12x512"
+    assert tta.schedule({**config, "epochs": 7}) == "3x32,3x64,1x128"
+
+
+def test_prediction_beside_the_runs():
+    from benchmarks.validation import OVERHEADS_BY_RANKS, load_overheads, measured_cluster
+    from hvd_overlap.core.growth_time import Phase, phase_times
+
+    config = {"small": 32, "factor": 2, "every": 1, "epochs": 3}
+    grown = [dict(e, global_batch=b) for e, b in zip(_run([0.9, 0.975, 0.98])["epochs"],
+                                                       (32, 64, 64), strict=True)]
+    runs = {name: [{**r, "config": config} for r in rs] for name, rs in RESULT["runs"].items()}
+    for name in ("stock-growth", "auto-growth"):
+        runs[name] = [{**runs[name][0], "epochs": grown}]
+    text = tta.prediction({**RESULT, "runs": runs})
+    assert "`--growth 1x32,2x64 --samples 1347`" in text
+    rows = [line.split(" | ") for line in text.splitlines() if line.startswith("| stock")]
+    batches = [(r[0], r[1]) for r in rows if len(r) == 5]
+    assert batches == [("| stock-small", "32"), ("| stock-growth", "32"),
+                       ("| stock-growth", "64")]
+    cluster = measured_cluster("1000kbit", 2, load_overheads(OVERHEADS_BY_RANKS), "hosts")
+    (pt,) = phase_times(tta.mlp_profile(16, 0.005), cluster, [Phase(3, 32)], 1347)
+    assert f"| stock-small | 32 | {pt.stock_s * 1e3:.1f} | 5.0 |" in text
+    # time to target: stock-small reaches 97 % in its 3rd epoch (both seeds): 3 epochs of steps
+    assert f"| stock-small | 3, 3 | {3 * pt.epoch_s(False):.1f} | 30.0 |" in text

@@ -218,20 +218,32 @@ def profile(model_spec: str, batch_size: int, device_tflops: float | None, image
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="write results")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False),
               help="efficiency against ranks, one panel per PROFILE (.png)")
+@click.option("--growth", help="a batch-growth schedule, EPOCHSxBATCH,... in global batches "
+                               "(3x256,3x512,24x1024): also print the time per epoch and to "
+                               "--target-epoch of stock and of auto re-choosing its plan per "
+                               "phase, each with the growth and with the first batch")
+@click.option("--samples", type=int, help="with --growth: training samples per epoch")
+@click.option("--target-epoch", type=int,
+              help="with --growth: the epoch that reaches the target [default: the last]")
+@click.option("--epoch-overhead", "epoch_overhead", default="0s", show_default=True,
+              help="with --growth: fixed time per epoch (evaluation, callbacks): 2s, 300ms")
 def simulate(profile_paths: tuple[str, ...], np_: str, bandwidth: str, latency: str,
              strategies: str, cycle_ms: float, negotiation_ms: float | None,
              negotiation_growth: str | None, calibration_path: str | None,
              calibration_net: str | None, tensor_us: float | None, cpu_steal: float,
              comm_slowdown: float, fusion_mb: float, bucket_mb: float, defer: int | None,
              device_tflops: float | None, published: tuple[float, ...],
-             md_path: str | None, json_path: str | None, plot_path: str | None) -> None:
+             md_path: str | None, json_path: str | None, plot_path: str | None,
+             growth: str | None, samples: int | None, target_epoch: int | None,
+             epoch_overhead: str) -> None:
     """Predict the step time of each strategy on a cluster from PROFILEs (files from
-    `hvd-overlap profile`, or shipped ones: resnet50, resnet101, vgg16)."""
+    `hvd-overlap profile`, or shipped ones: resnet50, resnet101, vgg16), and with --growth
+    the time to a target epoch of a run whose batch grows."""
     import json
     from dataclasses import replace
     from pathlib import Path
 
-    from hvd_overlap.core import autoplan
+    from hvd_overlap.core import autoplan, growth_time
     from hvd_overlap.core import simulate as sim
     from hvd_overlap.tools import simulate_report as report
 
@@ -240,6 +252,10 @@ def simulate(profile_paths: tuple[str, ...], np_: str, bandwidth: str, latency: 
                                ", or a file from hvd-overlap profile)")
     if published and len(published) != len(profile_paths):
         raise click.UsageError("--published: one value per PROFILE")
+    if (samples or target_epoch) and not growth:
+        raise click.UsageError("--samples and --target-epoch go with --growth")
+    if growth and not samples:
+        raise click.UsageError("--growth needs --samples (training samples per epoch)")
     try:
         calibrated, net_key = None, None
         if calibration_path:
@@ -259,7 +275,9 @@ def simulate(profile_paths: tuple[str, ...], np_: str, bandwidth: str, latency: 
             raise ValueError(f"--strategies {','.join(unknown) or '(empty)'}: choose from "
                              f"{', '.join(sim.STRATEGIES + tuple(autos))}")
         ranks = report.parse_ranks(np_)
-        runs, choices, exchanges = {}, {}, {}
+        overhead_s = report.parse_duration(epoch_overhead)
+        phases = growth_time.parse_schedule(growth) if growth else ()
+        runs, choices, exchanges, grown = {}, {}, {}, {}
         for path in profile_paths:
             prof = sim.load_profile(path)
             if device_tflops is not None:
@@ -279,6 +297,10 @@ def simulate(profile_paths: tuple[str, ...], np_: str, bandwidth: str, latency: 
             exchanging = [n for n in names if n in sim.EXCHANGE_STRATEGIES]
             exchanges[path] = [c for p in ranks for c in sim.exchange_choices(
                 prof, p, exchanging[0], cluster.bucket_bytes)] if exchanging else []
+            if phases:
+                grown[path] = [t for p in ranks if (t := growth_time.run_times(
+                    prof, replace(cluster, ranks=p), phases, samples, target_epoch,
+                    overhead_s)) is not None]
     except (ValueError, FileNotFoundError) as e:
         raise click.UsageError(str(e)) from None
     measured_at = ", ".join(str(p) for p, *_ in cluster.measured_costs)
@@ -307,6 +329,10 @@ def simulate(profile_paths: tuple[str, ...], np_: str, bandwidth: str, latency: 
             click.echo("\ndense factor exchange (exchange='auto'), per dense layer: MiB one "
                        "rank sends per step")
             click.echo(report.format_exchange(exchanges[path]))
+        if phases:
+            click.echo(f"\ngrowth {growth} (global batches), {samples} samples per epoch, "
+                       f"{overhead_s:g} s per epoch besides the steps")
+            click.echo(report.format_growth(grown[path], ranks))
     titles = {p: f"{prof.model} (b{prof.batch_size}), {bandwidth}"
               for p, (prof, _) in runs.items()}
     if md_path:
@@ -319,7 +345,8 @@ def simulate(profile_paths: tuple[str, ...], np_: str, bandwidth: str, latency: 
                     "compute_s": prof.compute_s, "results": [r.to_dict() for r in results],
                     "exchange": [c.to_dict() for c in exchanges[p]],
                     "auto": [{"as": name, "ranks": c.result.ranks, **c.best.keywords(),
-                              "speedup_vs_stock": c.speedup} for name, c in choices.get(p, [])]}
+                              "speedup_vs_stock": c.speedup} for name, c in choices.get(p, [])],
+                    "growth": [report.growth_dict(t) for t in grown.get(p, [])]}
                 for p, (prof, results) in runs.items()}}, indent=1))
     if plot_path:
         report.plot_scaling(plot_path, {titles[p]: res for p, (_, res) in runs.items()},

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from hvd_overlap.core.growth_time import RunTimes
 from hvd_overlap.core.simulate import Cluster, ExchangeChoice, StepResult
 from hvd_overlap.tools.profile import parse_bandwidth
 
@@ -121,6 +122,42 @@ def format_exchange(choices: Sequence[ExchangeChoice]) -> str:
                      f"{c.activation_bytes / 2**20:>9.1f} {c.rows_bytes / 2**20:>9.1f}  "
                      f"{c.way if c.exchanged else 'reduce-scatter'}")
     return "\n".join(lines)
+
+
+def format_growth(times: Sequence[RunTimes], ranks: Sequence[int]) -> str:
+    """Fixed-width tables of a growth schedule: per rank count, the seconds to the target epoch
+    (stock and ``auto``, with the growth and with the first batch), then each phase's epoch."""
+    lines = [f"{'ranks':>6} {'target':>6} {'stock small':>12} {'stock growth':>12} "
+             f"{'auto small':>11} {'auto growth':>11}  auto growth vs stock small"]
+    for t in times:
+        lines.append(f"{t.ranks:>6} {t.target_epoch:>6} {t.stock_small:>11.1f}s "
+                     f"{t.stock_growth:>11.1f}s {t.plugin_small:>10.1f}s "
+                     f"{t.plugin_growth:>10.1f}s  {t.stock_small / t.plugin_growth:.2f}x")
+    skipped = sorted(set(ranks) - {t.ranks for t in times})
+    if skipped:
+        lines.append(f"(not at {', '.join(map(str, skipped))} ranks: a global batch of the "
+                     "schedule does not split over them)")
+    lines.append(f"\n{'ranks':>6} {'phase':>10} {'batch/rank':>10} {'steps':>6} "
+                 f"{'stock s/epoch':>13} {'auto s/epoch':>12}  auto's plan")
+    for t in times:
+        for pt in t.phases:
+            phase = f"{pt.phase.epochs}x{pt.phase.batch}"
+            lines.append(f"{t.ranks:>6} {phase:>10} {pt.per_rank_batch:>10} "
+                         f"{pt.steps_per_epoch:>6} {pt.epoch_s(False):>13.2f} "
+                         f"{pt.epoch_s(True):>12.2f}  {pt.plan.describe()}")
+    return "\n".join(lines)
+
+
+def growth_dict(t: RunTimes) -> dict[str, Any]:
+    """A growth prediction as JSON."""
+    return {"ranks": t.ranks, "target_epoch": t.target_epoch, "stock_small_s": t.stock_small,
+            "stock_growth_s": t.stock_growth,
+            "auto_small_s": t.plugin_small, "auto_growth_s": t.plugin_growth,
+            "phases": [{"epochs": pt.phase.epochs, "batch": pt.phase.batch,
+                        "per_rank_batch": pt.per_rank_batch,
+                        "steps_per_epoch": pt.steps_per_epoch, "stock_step_s": pt.stock_s,
+                        "auto_step_s": pt.plugin_s, "auto_plan": pt.plan.keywords()}
+                       for pt in t.phases]}
 
 
 def efficiency_markdown(runs: dict[str, Sequence[StepResult]]) -> str:

@@ -40,7 +40,9 @@ WIDTH = 1024  # the hidden layers: a 1024x1024 kernel, the dense factor exchange
 
 
 def load(seed: int = 0):
-    """The batch-growth study's split: 1347 training images, 450 held out."""
+    """The batch-growth study's split: 1347 training images, 450 held out (the same as
+    ``examples/batch_growth_study.py``'s, not imported from it: that module loads the plugin's
+    runtime, which a stock run must not)."""
     x, y = load_digits(return_X_y=True)
     x = (x / 16.0).astype("float32")
     return train_test_split(x, y.astype("int64"), test_size=0.25, stratify=y, random_state=seed)

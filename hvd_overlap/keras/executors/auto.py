@@ -82,14 +82,7 @@ class AutoExecutor(Executor):
         self._pool = pool
         self.label = label              # "auto", or "hybrid (bucket_bytes='auto')"
         self.current = probe
-        self.measured: dict[Candidate, float] = {}
-        self.queue: list[Candidate] | None = None   # None: the model has not ranked yet
-        self.first_probe_s: float | None = None     # the probe's first trial (fits the model)
         self.forced_trials: list[Candidate] | None = None  # tests: measure these instead
-        self.confirming: Candidate | None = None    # the first pass's choice, measured again
-        self.confirmed: dict[Candidate, float] = {}  # the second pass: the probe, the choice
-        self.settled = False
-        self.reason = f"measuring {probe.describe()} first"
         self.log: list[str] = []
         self.model: Any = None
         self.traces = 0
@@ -99,7 +92,6 @@ class AutoExecutor(Executor):
         self._switched = False
         self._decisions = 0
         self.switches = 0
-        self.predicted: dict[Candidate, float] = {}  # the simulator's step of each candidate
         self._marks = ForwardPhase("auto")  # which graphs run the pre-forward phase
         self._specs: tuple[VarSpec, ...] | None = None  # what the last plan was built for
         self._unrun_plan: Plan | None = None  # the current plan before its first trace
@@ -107,9 +99,7 @@ class AutoExecutor(Executor):
         #: the model's dense layers, patched once for the exchange plans (see attach_model)
         self._dense = DenseExchanges(AUTO, settings, self._marks.installed)
         self.left_out: list[str] = []  # plans not considered, and why (said in the plan)
-        self.settling_steps = 0   # steps run before the choice was final...
-        self.settling_s = 0.0     # ...and their wall time on this rank (traces included)
-        self.trigger = "start"    # why the current online check runs (a growth: reconsider)
+        self._start_check("start")
         self.choices: list[dict[str, Any]] = []  # every choice made, one per batch phase
         #: the last check's fitted profile, cluster and pool (what a prediction starts from)
         self._fitted: tuple[autoplan.Profile, Any, Sequence[Candidate]] | None = None
@@ -239,14 +229,24 @@ class AutoExecutor(Executor):
             self._predict_for(why, batch_factor, horizon_steps)
             return
         self._switch(self.probe)
-        self.measured, self.confirmed, self.predicted = {}, {}, {}
-        self.queue, self.confirming, self.first_probe_s = None, None, None
-        self.settled = False
-        self.settling_steps, self.settling_s = 0, 0.0
         self._clock.restart()
-        self.trigger = why
-        self.reason = f"{why}: measuring {self.probe.describe()} first"
+        self._start_check(why)
         self._say(f"{self.label}: {why}: choosing the plan again")
+
+    def _start_check(self, why: str) -> None:
+        """The online check's state at its start (``why``: "start", or a reconsider's)."""
+        self.measured: dict[Candidate, float] = {}
+        self.queue: list[Candidate] | None = None   # None: the model has not ranked yet
+        self.first_probe_s: float | None = None     # the probe's first trial (fits the model)
+        self.confirming: Candidate | None = None    # the first pass's choice, measured again
+        self.confirmed: dict[Candidate, float] = {}  # the second pass: the probe, the choice
+        self.predicted: dict[Candidate, float] = {}  # the simulator's step of each candidate
+        self.settled = False
+        self.settling_steps = 0   # steps run before the choice was final...
+        self.settling_s = 0.0     # ...and their wall time on this rank (traces included)
+        self.trigger = why        # why this check runs (a growth: reconsider)
+        self.reason = (f"measuring {self.probe.describe()} first" if why == "start"
+                       else f"{why}: measuring {self.probe.describe()} first")
 
     def observe_step(self, seconds: float, usable: bool = True) -> None:
         """One train step took ``seconds`` (wall, this rank); ``usable``: a steady step (not

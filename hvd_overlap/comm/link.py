@@ -1,8 +1,12 @@
-"""The link as ``strategy="auto"`` sees it: a few timed allreduces at start-up, agreed by all ranks.
+"""The link as ``strategy="auto"`` sees it: a few timed collectives at start-up, agreed by all
+ranks.
 
-Two sizes: a tiny one gives the fixed cost of one collective (Horovod's cycle, negotiation,
-the ring's latencies), a larger one adds the bandwidth term. Every rank times its own calls
-and the ranks average the results, so every rank fits the same link.
+Two allreduce sizes: a tiny one gives the fixed cost of one collective (Horovod's cycle,
+negotiation, the ring's latencies), a larger one adds the bandwidth term. Where the candidate
+plans use them, a reduce-scatter, an all-gather and an alltoall of the larger size give each
+one's own rate: Gloo's run at a third to half of its allreduce's (docs/scaling.md), which a
+single link rate would hide. Every rank times its own calls and the ranks average the results,
+so every rank fits the same link.
 """
 
 from __future__ import annotations
@@ -20,25 +24,49 @@ from hvd_overlap.core.sim.cluster import Cluster
 PROBE_BYTES = 4 * 2**20
 
 
+#: the collectives besides the allreduce whose rates the sharded plans and the exchange depend on
+PHASES = ("reducescatter", "allgather", "alltoall")
+
+
 @dataclass(frozen=True)
 class Link:
-    """What a collective costs between these ranks: a fixed part and a ring bandwidth."""
+    """What a collective costs between these ranks: a fixed part and a ring bandwidth, and the
+    rates of the other collectives where they were measured (None: the allreduce's)."""
 
     ranks: int
     per_collective_s: float  # a 4-byte allreduce inside a graph
     bandwidth: float         # bytes/s per rank, as the ring model's (``core.simulate.Cluster``)
+    reduce_scatter_bandwidth: float | None = None  # in half-ring terms, as ``Cluster``'s
+    allgather_bandwidth: float | None = None
+    alltoall_bandwidth: float | None = None
 
 
-def _allreduce_seconds(nbytes: int, name: str, repeats: int) -> float:
-    """Seconds per allreduce of ``nbytes`` when ``repeats`` of them run one after another
-    inside a graph, as a train step's do (an eager call would add its dispatch and sync)."""
-    x = tf.zeros([max(nbytes // 4, 1)], tf.float32)
+def _collective(kind: str, x: tf.Tensor, name: str) -> tf.Tensor:
+    """One collective of ``kind`` on ``x`` (``nbytes`` in all: an all-gather's input is 1/P)."""
+    if kind == "allreduce":
+        return hvd.allreduce(x, op=hvd.Sum, name=name, ignore_name_scope=True)
+    if kind == "reducescatter":
+        return hvd.reducescatter(x, op=hvd.Sum, name=name, ignore_name_scope=True)
+    if kind == "allgather":
+        return hvd.allgather(x, name=name, ignore_name_scope=True)
+    return hvd.alltoall(x, name=name, ignore_name_scope=True)
+
+
+def _seconds(kind: str, nbytes: int, name: str, repeats: int) -> float:
+    """Seconds per collective of ``kind`` moving ``nbytes`` in all when ``repeats`` of them run
+    one after another inside a graph, as a train step's do (an eager call would add its
+    dispatch and sync). Every result is consumed: an unused one could be pruned on one rank."""
+    p = hvd.size()
+    n = max(nbytes // 4, p)
+    x = tf.zeros([n // p if kind == "allgather" else n - n % p], tf.float32)
 
     @tf.function
     def chain(x: tf.Tensor) -> tf.Tensor:
+        outs: list[tf.Tensor] = []
         for r in range(repeats):  # each waits for the previous one's result
-            x = hvd.allreduce(x, op=hvd.Sum, name=f"{name}.{r}", ignore_name_scope=True)
-        return x
+            with tf.control_dependencies(outs[-1:]):
+                outs.append(_collective(kind, tf.identity(x), f"{name}.{r}"))
+        return tf.add_n([tf.reduce_sum(o) for o in outs])
 
     chain(x).numpy()  # trace, and warm Horovod's cache up
     start = time.perf_counter()
@@ -54,21 +82,29 @@ def agree(values: list[float], name: str) -> list[float]:
     return [float(v) for v in got.numpy()]
 
 
-def measure_link(name: str, repeats: int = 4, probe_bytes: int = PROBE_BYTES) -> Link:
+def measure_link(name: str, repeats: int = 4, probe_bytes: int = PROBE_BYTES,
+                 phases: bool = False) -> Link:
     """Time ``repeats`` allreduces of 4 bytes and of ``probe_bytes`` (every rank at the same
-    point, collectives named from ``name``) and fit the link; the same on every rank."""
-    small = _allreduce_seconds(4, f"{name}.small", repeats)
-    large = _allreduce_seconds(probe_bytes, f"{name}.large", repeats)
-    small, large = agree([small, large], f"{name}.agree")
+    point, collectives named from ``name``) and fit the link; with ``phases`` (the same on
+    every rank), also each collective of ``PHASES`` at ``probe_bytes``. The same on every rank."""
+    kinds = ("allreduce",) + (PHASES if phases else ())
+    times = [_seconds("allreduce", 4, f"{name}.small", repeats)]
+    times += [_seconds(k, probe_bytes, f"{name}.{k}", repeats) for k in kinds]
+    small, large, *rest = agree(times, f"{name}.agree")
     p = hvd.size()
     ring_bytes = 2 * (p - 1) / p * probe_bytes if p > 1 else probe_bytes
-    return Link(ranks=p, per_collective_s=small,
-                bandwidth=ring_bytes / max(large - small, 1e-6))
+    half = (p - 1) / p * probe_bytes if p > 1 else probe_bytes
+    rates = [half / max(t - small, 1e-6) for t in rest] if rest else [None] * 3
+    return Link(p, small, ring_bytes / max(large - small, 1e-6), *rates)
 
 
 def cluster_of(link: Link) -> Cluster:
     """The simulator's cluster for a measured link: the fixed cost of a collective is Horovod's
-    per-cycle cost at this number of ranks, the ring bandwidth the measured one."""
+    per-cycle cost at this number of ranks, the ring bandwidth the measured one, and each
+    other collective's rate its own where measured."""
     grow = math.log2(link.ranks) if link.ranks > 1 else 1.0
     return Cluster(ranks=link.ranks, bandwidth=link.bandwidth,
-                   negotiation_s=link.per_collective_s / grow)
+                   negotiation_s=link.per_collective_s / grow,
+                   reduce_scatter_bandwidth=link.reduce_scatter_bandwidth,
+                   allgather_bandwidth=link.allgather_bandwidth,
+                   alltoall_bandwidth=link.alltoall_bandwidth)

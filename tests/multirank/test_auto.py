@@ -97,7 +97,13 @@ def test_custom_loop_switching_plans_matches_tape():
     assert_weights_close(got, ref)
 
 
-def test_simulator_ranked_choice_matches_stock_and_is_logged_once():
+@pytest.fixture
+def every_plan_worth_a_trial(monkeypatch):
+    """Every candidate counts as predicted faster enough to be measured."""
+    monkeypatch.setattr(auto, "PREDICTED_GAIN", -1.0)
+
+
+def test_simulator_ranked_choice_matches_stock_and_is_logged_once(every_plan_worth_a_trial):
     """No forced trials: the link is measured, the profile fitted to the probe's steps, the
     simulator's two best measured; the choice is the same on every rank and in the plan."""
     wrap = auto_with()
@@ -116,6 +122,33 @@ def test_simulator_ranked_choice_matches_stock_and_is_logged_once():
     logs = hvd_tf.allgather_object(ex.log[1], name="auto.logged")
     assert logs[0] == logs[1]
     assert_weights_close(got, stock_reference("cnn_bn", "sgd_momentum"))
+
+
+def test_nothing_predicted_faster_enough_is_not_measured(monkeypatch):
+    """Where no plan is predicted ``PREDICTED_GAIN`` faster than the probe, the check ends
+    after the probe's one trial: no other plan is traced or run (settling is the probe's)."""
+    monkeypatch.setattr(auto, "PREDICTED_GAIN", 0.99)
+    wrap = auto_with()
+    got = train_fit("cnn_bn", "sgd_momentum", wrap, epochs=EPOCHS)
+    ex = wrap.made[0]._hvdo
+    assert ex.settled and set(ex.measured) == {ex.probe} and ex.switches == 0, ex.log
+    assert ex.current == ex.probe and ex.reason.startswith("no plan predicted 99% faster")
+    assert ex.settling_steps == auto.WARM_STEPS + auto.TRIAL_STEPS
+    assert "measuring nothing more" in ex.log[0] and len(ex.predicted) > 1
+    assert_weights_close(got, stock_reference("cnn_bn", "sgd_momentum"))
+
+
+def test_the_link_probe_times_each_collective_the_plans_use():
+    from hvd_overlap.comm.link import cluster_of, measure_link
+
+    link = measure_link("test.link", repeats=2, probe_bytes=1 << 20, phases=True)
+    rates = (link.reduce_scatter_bandwidth, link.allgather_bandwidth, link.alltoall_bandwidth)
+    assert all(r is not None and 0 < r < float("inf") for r in (link.bandwidth, *rates)), link
+    c = cluster_of(link)
+    assert (c.reduce_scatter_bandwidth, c.allgather_bandwidth, c.alltoall_bandwidth) == rates
+    plain = measure_link("test.link.plain", repeats=2, probe_bytes=1 << 20)
+    assert plain.reduce_scatter_bandwidth is None
+    assert cluster_of(plain).reduce_scatter(1e6) == cluster_of(plain).allgather(1e6)
 
 
 def _times(monkeypatch, ms: dict[Candidate, list[float]]) -> None:

@@ -61,8 +61,9 @@ WARM_STEPS = 3
 TRIAL_STEPS = 7
 #: steps not timed after a step that traced (a deferring plan's first steady step follows)
 SKIP_AFTER_TRACE = 1
-#: a plan chosen by prediction alone (a batch too short-lived for a check) must be predicted
-#: this much faster than the probe: the simulator's error on this machine is ~15% (scaling.md)
+#: a plan is measured in a trial, or chosen by prediction alone (a batch too short-lived for a
+#: check), only if predicted this much faster than the probe: the simulator's error on this
+#: machine is ~15% (scaling.md), and each trial costs its traces and steps (settling)
 PREDICTED_GAIN = 0.1
 
 
@@ -275,9 +276,13 @@ class AutoExecutor(Executor):
         if self.queue is None:
             self.first_probe_s = step
             trials = self._rank(step)
+            if not trials:  # nothing worth measuring: the probe, for the reason _rank gave
+                self.queue = []
+                self._settle(self.probe)
+                return
             # the probe once more, last: its first trial ran in the process's first steps,
             # which stall more often than later ones; every plan compared is then a later one
-            self.queue = trials + [self.probe] if trials else []
+            self.queue = trials + [self.probe]
         if self.queue:
             self._switch(self.queue.pop(0))
             return
@@ -377,12 +382,15 @@ class AutoExecutor(Executor):
             return []
         if self.forced_trials is not None:
             return [c for c in self.forced_trials if c != self.probe]
-        link = measure_link(f"{self.settings.name}.auto.link")
         plan = self.child().last_plan
         flops = layer_flops_by_name(self.model) if self.model is not None else None
         batches = dense_batches(self._dense.layers, plan.variables,
                                 f"{self.settings.name}.auto.batch")
         profile = autoplan.profile_from_specs(plan.variables, flops, dense=batches)
+        # the sharded plans and the exchange run on reduce-scatter, all-gather and alltoall:
+        # time them too (the same pool, so the same answer, on every rank)
+        sharded = any(c.strategy in autoplan.SHARDED for c in self._pool(profile))
+        link = measure_link(f"{self.settings.name}.auto.link", phases=sharded)
         cluster = cluster_of(link)
         fitted = autoplan.fit_compute(profile, cluster, self.probe, probe_s)
         pool, self.left_out = usable_pool(self._pool(fitted), self.loop, self.settings,
@@ -391,13 +399,22 @@ class AutoExecutor(Executor):
         self._fitted = (fitted, cluster, pool)
         self.predicted = {c: r.step_s for c, r in ranked}
         self.predicted.setdefault(self.probe, probe_s)
-        order = autoplan.trial_order(ranked, self.probe)
+        worth = [(c, r) for c, r in ranked if r.step_s < probe_s * (1 - PREDICTED_GAIN)]
+        order = autoplan.trial_order(worth, self.probe)
+        if not order:
+            best, result = next(((c, r) for c, r in ranked if c != self.probe),
+                                (self.probe, None))
+            self.reason = (f"no plan predicted {PREDICTED_GAIN:.0%} faster than "
+                           f"{self.probe.describe()} {probe_s * 1e3:.1f} ms/step" + (
+                               f" (best: {best.describe()} {result.step_s * 1e3:.1f} ms)"
+                               if result is not None else "") + ": nothing to measure")
         self._say(f"{self.label}: link {link.bandwidth / 1e6:.0f} MB/s, "
                   f"{link.per_collective_s * 1e3:.2f} ms per collective; probe "
                   f"{self.probe.describe()} {probe_s * 1e3:.1f} ms/step (compute fitted: "
                   f"{fitted.compute_s * 1e3:.1f} ms); predicted: " + "; ".join(
                       f"{c.describe()} {r.step_s * 1e3:.1f} ms" for c, r in ranked[:3])
-                  + f"; measuring {', '.join(c.describe() for c in order)}")
+                  + (f"; measuring {', '.join(c.describe() for c in order)}" if order
+                     else f"; none {PREDICTED_GAIN:.0%} faster: measuring nothing more"))
         return order
 
     def _why(self, best: Candidate) -> str:

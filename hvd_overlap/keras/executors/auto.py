@@ -408,7 +408,12 @@ class AutoExecutor(Executor):
                            f"{self.probe.describe()} {probe_s * 1e3:.1f} ms/step" + (
                                f" (best: {best.describe()} {result.step_s * 1e3:.1f} ms)"
                                if result is not None else "") + ": nothing to measure")
-        self._say(f"{self.label}: link {link.bandwidth / 1e6:.0f} MB/s, "
+        rates = [f"{k} {r / 1e6:.0f}" for k, r in (
+            ("reduce-scatter", link.reduce_scatter_bandwidth),
+            ("all-gather", link.allgather_bandwidth), ("alltoall", link.alltoall_bandwidth))
+            if r is not None]
+        self._say(f"{self.label}: link {link.bandwidth / 1e6:.0f} MB/s"
+                  + (f" ({', '.join(rates)} MB/s)" if rates else "") + ", "
                   f"{link.per_collective_s * 1e3:.2f} ms per collective; probe "
                   f"{self.probe.describe()} {probe_s * 1e3:.1f} ms/step (compute fitted: "
                   f"{fitted.compute_s * 1e3:.1f} ms); predicted: " + "; ".join(

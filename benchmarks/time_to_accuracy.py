@@ -234,12 +234,7 @@ def prediction(result: dict[str, Any]) -> str:
             hit = next((i for i, e in enumerate(r["epochs"]) if e["val_accuracy"] >= target),
                        len(r["epochs"]) - 1)
             epochs.append(hit + 1)
-            left, s = hit + 1, 0.0
-            for pt in times[name]:
-                n = min(pt.phase.epochs, left)
-                s += n * pt.epoch_s(plugin)
-                left -= n
-            pred.append(s)
+            pred.append(growth_time.seconds_to_epoch(times[name], hit + 1, plugin))
             meas.append(r["epochs"][hit]["wall_s"])
             steps_only.append(sum(e["step_ms"] / 1e3 * (e["rounds"] - (r["epochs"][i - 1][
                 "rounds"] if i else 0)) for i, e in enumerate(r["epochs"][:hit + 1])))

@@ -75,6 +75,18 @@ def phase_times(profile: Profile, cluster: Cluster, phases: Sequence[Phase],
     return tuple(out)
 
 
+def seconds_to_epoch(pts: Sequence[PhaseTime], epoch: int, plugin: bool,
+                     overhead_s: float = 0.0) -> float:
+    """Seconds from the start to the end of ``epoch`` (1-based) through the phases ``pts``,
+    stock's steps or (``plugin``) the re-chosen plan's, ``overhead_s`` per epoch besides."""
+    left, s = epoch, 0.0
+    for pt in pts:
+        n = min(pt.phase.epochs, left)
+        s += n * pt.epoch_s(plugin, overhead_s)
+        left -= n
+    return s
+
+
 @dataclass(frozen=True)
 class RunTimes:
     """Seconds to the end of the target epoch: stock and the plugin, each with the growth
@@ -101,16 +113,11 @@ def run_times(profile: Profile, cluster: Cluster, phases: Sequence[Phase], sampl
     times = phase_times(profile, cluster, phases, samples)
     if times is None:
         return None
-    small = phase_times(profile, cluster, [replace(phases[0], epochs=target)], samples)
-    assert small is not None  # the first batch splits, or times would be None
+    first = times[0]  # the first batch throughout: its phase, as long as the target
+    small = (replace(first, phase=replace(first.phase, epochs=target)),)
 
     def until(pts: Sequence[PhaseTime], plugin: bool) -> float:
-        left, s = target, 0.0
-        for pt in pts:
-            n = min(pt.phase.epochs, left)
-            s += n * pt.epoch_s(plugin, epoch_overhead_s)
-            left -= n
-        return s
+        return seconds_to_epoch(pts, target, plugin, epoch_overhead_s)
 
     return RunTimes(cluster.ranks, target, until(small, False), until(times, False),
                     until(small, True), until(times, True), times)

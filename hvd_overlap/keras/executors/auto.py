@@ -387,13 +387,15 @@ class AutoExecutor(Executor):
         batches = dense_batches(self._dense.layers, plan.variables,
                                 f"{self.settings.name}.auto.batch")
         profile = autoplan.profile_from_specs(plan.variables, flops, dense=batches)
+        # the candidates depend on the layers and their bytes, not on the compute fitted below
+        candidates = self._pool(profile)
         # the sharded plans and the exchange run on reduce-scatter, all-gather and alltoall:
         # time them too (the same pool, so the same answer, on every rank)
-        sharded = any(c.strategy in autoplan.SHARDED for c in self._pool(profile))
+        sharded = any(c.strategy in autoplan.SHARDED for c in candidates)
         link = measure_link(f"{self.settings.name}.auto.link", phases=sharded)
         cluster = cluster_of(link)
         fitted = autoplan.fit_compute(profile, cluster, self.probe, probe_s)
-        pool, self.left_out = usable_pool(self._pool(fitted), self.loop, self.settings,
+        pool, self.left_out = usable_pool(candidates, self.loop, self.settings,
                                           self.local_refs)
         ranked = autoplan.rank(fitted, cluster, pool)
         self._fitted = (fitted, cluster, pool)

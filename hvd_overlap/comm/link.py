@@ -12,7 +12,6 @@ so every rank fits the same link.
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass
 
 import horovod.tensorflow as hvd
@@ -52,26 +51,36 @@ def _collective(kind: str, x: tf.Tensor, name: str) -> tf.Tensor:
     return hvd.alltoall(x, name=name, ignore_name_scope=True)
 
 
-def _seconds(kind: str, nbytes: int, name: str, repeats: int) -> float:
-    """Seconds per collective of ``kind`` moving ``nbytes`` in all when ``repeats`` of them run
-    one after another inside a graph, as a train step's do (an eager call would add its
-    dispatch and sync). Every result is consumed: an unused one could be pruned on one rank."""
+def _seconds(kinds: list[tuple[str, int]], name: str, repeats: int) -> list[float]:
+    """Seconds per collective for each ``(kind, nbytes)`` (``nbytes`` moved in all) when
+    ``repeats`` of them run one after another inside a graph, as a train step's do (an eager
+    call would add its dispatch and sync). One graph times every kind between in-graph
+    timestamps: one trace, one warm-up run (Horovod negotiates each name once and caches it),
+    one timed run. Every result is consumed: an unused one could be pruned on one rank."""
     p = hvd.size()
-    n = max(nbytes // 4, p)
-    x = tf.zeros([n // p if kind == "allgather" else n - n % p], tf.float32)
+    inputs = []
+    for kind, nbytes in kinds:
+        n = max(nbytes // 4, p)
+        inputs.append(tf.zeros([n // p if kind == "allgather" else n - n % p], tf.float32))
 
-    @tf.function
-    def chain(x: tf.Tensor) -> tf.Tensor:
-        outs: list[tf.Tensor] = []
-        for r in range(repeats):  # each waits for the previous one's result
-            with tf.control_dependencies(outs[-1:]):
-                outs.append(_collective(kind, tf.identity(x), f"{name}.{r}"))
-        return tf.add_n([tf.reduce_sum(o) for o in outs])
+    @tf.function(autograph=False)  # plain Python loops; autograph would convert Horovod's code
+    def chains(*xs: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        stamps, sums = [tf.timestamp()], []
+        for i, ((kind, _), x) in enumerate(zip(kinds, xs, strict=True)):
+            last: tf.Tensor = stamps[-1]
+            for r in range(repeats):  # each waits for the previous one's result
+                with tf.control_dependencies([last]):
+                    last = _collective(kind, tf.identity(x), f"{name}.{i}.{kind}.{r}")
+                sums.append(tf.reduce_sum(last))
+            with tf.control_dependencies([last]):
+                stamps.append(tf.timestamp())
+        return tf.stack(stamps), tf.add_n(sums)
 
-    chain(x).numpy()  # trace, and warm Horovod's cache up
-    start = time.perf_counter()
-    chain(x).numpy()
-    return (time.perf_counter() - start) / repeats
+    for _ in range(2):  # the first run traces and warms the cache up; the second is timed
+        stamps, total = chains(*inputs)
+        total.numpy()
+    t = stamps.numpy()
+    return [float(b - a) / repeats for a, b in zip(t[:-1], t[1:], strict=True)]
 
 
 def agree(values: list[float], name: str) -> list[float]:
@@ -87,10 +96,9 @@ def measure_link(name: str, repeats: int = 4, probe_bytes: int = PROBE_BYTES,
     """Time ``repeats`` allreduces of 4 bytes and of ``probe_bytes`` (every rank at the same
     point, collectives named from ``name``) and fit the link; with ``phases`` (the same on
     every rank), also each collective of ``PHASES`` at ``probe_bytes``. The same on every rank."""
-    kinds = ("allreduce",) + (PHASES if phases else ())
-    times = [_seconds("allreduce", 4, f"{name}.small", repeats)]
-    times += [_seconds(k, probe_bytes, f"{name}.{k}", repeats) for k in kinds]
-    small, large, *rest = agree(times, f"{name}.agree")
+    kinds = [("allreduce", 4)] + [(k, probe_bytes) for k in
+                                  ("allreduce",) + (PHASES if phases else ())]
+    small, large, *rest = agree(_seconds(kinds, name, repeats), f"{name}.agree")
     p = hvd.size()
     ring_bytes = 2 * (p - 1) / p * probe_bytes if p > 1 else probe_bytes
     half = (p - 1) / p * probe_bytes if p > 1 else probe_bytes

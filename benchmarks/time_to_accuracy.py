@@ -189,12 +189,30 @@ def mlp_profile(per_rank_batch: int, compute_s: float):
     return prof.scaled(compute_s / prof.compute_s)
 
 
+def probe_inputs(probe: dict[str, Any]):
+    """What the probe measured for the simulator: the compute-only step per per-rank batch and
+    the overheads (each epoch's time outside its steps, the median over the batches; stock
+    Horovod's first-epoch costs and its retrace at a new batch). Empty and zero for a probe of
+    the small batch only (runs recorded before the probe measured more)."""
+    from hvd_overlap.core.growth_time import Overheads
+
+    batches = {int(b): v for b, v in probe.get("batches", {}).items()}
+    if not batches:
+        return {}, Overheads()
+    traces = probe["stock_traces"]
+    return ({b: v["compute_step_s"] for b, v in batches.items()},
+            Overheads(statistics.median(v["epoch_overhead_s"] for v in batches.values()),
+                      max(traces["first_s"], 0.0), max(traces["again_s"], 0.0)))
+
+
 def prediction(result: dict[str, Any]) -> str:
     """The simulator's 2-rank prediction of the experiment beside what was measured: each
     configuration's median step per phase, and the time to its target epochs (each seed's),
-    from the inputs taken before the runs: the compute-only probe, the link rate, the lab's
-    2-4-rank calibration on emulated hosts. The simulator predicts the steps only; tracing,
-    ``auto``'s settling and the per-epoch validation are the measured rest."""
+    from the inputs taken before the runs in the probe's launch: the compute-only step at every
+    batch of the schedule and each epoch's time outside its steps, stock Horovod's first-epoch
+    costs and retrace (``tta_worker.stock_traces``), the link rate, the lab's 2-4-rank
+    calibration on emulated hosts. Not predicted: ``auto``'s settling (its check's steps run
+    at stock's speed; its link probe, about 0.4 s, is not counted)."""
     from benchmarks.validation import OVERHEADS_BY_RANKS, load_overheads, measured_cluster
     from hvd_overlap.core import growth_time
 
@@ -204,41 +222,51 @@ def prediction(result: dict[str, Any]) -> str:
     cluster = measured_cluster(result["rate"], ranks, load_overheads(OVERHEADS_BY_RANKS),
                                "hosts")
     profile = mlp_profile(config["small"] // ranks, probe["compute_step_s"])
+    compute_at, overheads = probe_inputs(probe)
     phases = growth_time.parse_schedule(schedule(config))
     samples = len(load()[0])
     target = summarize(result)["target"] / 100
-    lines = [f"Predicted at {ranks} ranks (`hvd-overlap simulate` with `--growth "
-             f"{schedule(config)} --samples {samples}`; compute-only probe "
-             f"{probe['compute_step_s'] * 1e3:.2f} ms/step, link {result['rate']}, the lab's "
-             "2-4-rank calibration on emulated hosts), against the runs:", "",
-             "| run | global batch | predicted step ms | measured step ms (median) | error |",
-             "|---|---|---|---|---|"]
+    measured_at = ",".join(f"{b}={v * 1e3:.1f}ms" for b, v in sorted(compute_at.items()))
+    options = (f"`--growth {schedule(config)} --samples {samples}"
+               + (f" --batch-compute {measured_at} --epoch-overhead "
+                  f"{overheads.epoch_s * 1e3:.0f}ms --trace-overhead "
+                  f"{overheads.trace_s * 1e3:.0f}ms,{overheads.again_s * 1e3:.0f}ms"
+                  if compute_at else "") + "`")
+    lines = [f"Predicted at {ranks} ranks (`hvd-overlap simulate` with {options}; "
+             f"compute-only probe {probe['compute_step_s'] * 1e3:.2f} ms/step at the small "
+             f"batch, link {result['rate']}, the lab's 2-4-rank calibration on emulated hosts), "
+             "against the runs:", "",
+             "| run | global batch | predicted compute ms | predicted step ms | "
+             "measured step ms (median) | error |", "|---|---|---|---|---|---|"]
     times = {}
     for name, rs in runs.items():
         grown = "growth" in name
         sched = phases if grown else (growth_time.Phase(config["epochs"], config["small"]),)
-        pts = growth_time.phase_times(profile, cluster, sched, samples)
+        pts = growth_time.phase_times(profile, cluster, sched, samples, compute_at or None)
         times[name] = pts
         for pt in pts:
             measured = statistics.median(e["step_ms"] for r in rs for e in r["epochs"]
                                          if e["global_batch"] == pt.phase.batch)
             predicted = 1e3 * (pt.plugin_s if name.startswith("auto") else pt.stock_s)
-            lines.append(f"| {name} | {pt.phase.batch} | {predicted:.1f} | {measured:.1f} | "
-                         f"{predicted / measured - 1:+.0%} |")
-    lines += ["", "| run | target epochs (per seed) | predicted s, steps only | measured s | "
-              "error | measured s, steps only (median step x steps) |", "|---|---|---|---|---|---|"]
+            lines.append(f"| {name} | {pt.phase.batch} | {pt.compute_s * 1e3:.1f} | "
+                         f"{predicted:.1f} | {measured:.1f} | {predicted / measured - 1:+.0%} |")
+    lines += ["", "| run | target epochs (per seed) | predicted s | measured s | error | "
+              "predicted s, steps only | measured s, steps only (median step x steps) |",
+              "|---|---|---|---|---|---|---|"]
     for name, rs in runs.items():
         plugin = name.startswith("auto")
-        epochs, pred, meas, steps_only = [], [], [], []
+        epochs, pred, bare, meas, steps_only = [], [], [], [], []
         for r in rs:
             hit = next((i for i, e in enumerate(r["epochs"]) if e["val_accuracy"] >= target),
                        len(r["epochs"]) - 1)
             epochs.append(hit + 1)
-            pred.append(growth_time.seconds_to_epoch(times[name], hit + 1, plugin))
+            pred.append(growth_time.seconds_to_epoch(times[name], hit + 1, plugin, overheads))
+            bare.append(growth_time.seconds_to_epoch(times[name], hit + 1, plugin))
             meas.append(r["epochs"][hit]["wall_s"])
             steps_only.append(sum(e["step_ms"] / 1e3 * (e["rounds"] - (r["epochs"][i - 1][
                 "rounds"] if i else 0)) for i, e in enumerate(r["epochs"][:hit + 1])))
         p, m = statistics.mean(pred), statistics.mean(meas)
         lines.append(f"| {name} | {', '.join(map(str, epochs))} | {p:.1f} | {m:.1f} | "
-                     f"{p / m - 1:+.0%} | {statistics.mean(steps_only):.1f} |")
+                     f"{p / m - 1:+.0%} | {statistics.mean(bare):.1f} | "
+                     f"{statistics.mean(steps_only):.1f} |")
     return "\n".join(lines) + "\n"

@@ -8,7 +8,8 @@ Rank 0 writes, per epoch: the wall time since training began (tracing, ``auto``'
 the validation included: what a user waits for), the test accuracy, the optimizer steps so far
 (= communication rounds), the global batch and the median step; with the plugin, every plan it
 chose. ``--config local-small`` times the compute-only step (each rank's plain optimizer, no
-collective: ``--probe-steps`` steps at the small batch) and writes its median instead.
+collective) at every per-rank batch of the growth schedule, its tracing and each epoch's time
+outside the steps, and writes them instead (``probe``).
 
 Stock runs never import the plugin's runtime (``hvd_overlap.keras``): they use only its growth
 policy and data loop (``hvd_overlap.growth``), which stock Horovod lacks; the JSON records which
@@ -94,23 +95,72 @@ class Record(tf.keras.callbacks.Callback):
         self._steps = []
 
 
+def probe_batches(args: argparse.Namespace) -> list[int]:
+    """The per-rank batches a growth run passes through, the small one first."""
+    out, batch = [], args.small
+    while batch <= args.small * args.factor:
+        out.append(batch // hvd.size())
+        batch *= 2
+    return out
+
+
 def probe(args: argparse.Namespace) -> dict:
-    """The compute-only step at the small batch: the plain optimizer, no collective."""
-    x_train, _, y_train, _ = load()
+    """The compute-only step (the plain optimizer, no collective) at every per-rank batch of the
+    growth schedule, in its order, as a growth run meets them: each batch's median steady step
+    (``--probe-steps`` at the small batch, at least 20 at the others), its first step (the
+    train function traced: at the start, again at the first new batch) and the time each epoch
+    spends outside its steps (``fit``'s set-up, the validation; the median over the batch's
+    epochs after its first)."""
+    x_train, x_test, y_train, y_test = load()
     model = make_model(args.seed)
-    model.compile(optimizer=tf.keras.optimizers.SGD(args.lr, momentum=0.9),
+    model.compile(optimizer=tf.keras.optimizers.SGD(args.lr, momentum=0.9), metrics=["accuracy"],
                   loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     data = ShardedDataset(x_train, y_train, seed=args.seed)
-    per_rank = args.small // hvd.size()
-    rec = Record(time.perf_counter())
-    epoch = 0
-    while len(rec.all_steps) < args.probe_steps:
-        model.fit(data.for_epoch(epoch, per_rank), verbose=0, callbacks=[rec])
-        epoch += 1
-    times = rec.all_steps
-    steady = times[5:] or times  # the first steps trace
-    return {"compute_step_s": statistics.median(steady), "steps": len(times),
+    epoch, batches = 0, {}
+    for i, per_rank in enumerate(probe_batches(args)):
+        rec = Record(time.perf_counter())
+        outside: list[float] = []
+        while len(rec.all_steps) < (args.probe_steps if i == 0 else 20):
+            before, start = len(rec.all_steps), time.perf_counter()
+            model.fit(data.for_epoch(epoch, per_rank), verbose=0, callbacks=[rec],
+                      validation_data=(x_test, y_test))
+            outside.append(time.perf_counter() - start - sum(rec.all_steps[before:]))
+            epoch += 1
+        times = rec.all_steps
+        batches[per_rank] = {"compute_step_s": statistics.median(times[5:] or times[1:]),
+                             "first_step_s": times[0], "steps": len(times),
+                             "epoch_overhead_s": statistics.median(outside[1:] or outside)}
+    first = next(iter(batches.values()))
+    return {"compute_step_s": first["compute_step_s"], "steps": first["steps"],
+            "batches": batches, "stock_traces": stock_traces(args, data, x_test, y_test),
             "grad_bytes": 4 * sum(int(np.prod(v.shape)) for v in model.trainable_variables)}
+
+
+def stock_traces(args: argparse.Namespace, data: ShardedDataset, x_test, y_test) -> dict:
+    """What stock Horovod's ``DistributedOptimizer`` costs besides its steps when it starts, in
+    the run that the probe is: one epoch at the small batch, then one at twice it. ``first_s``:
+    the first epoch's wall time less its steps at its median step and less a steady epoch's
+    time outside the steps (the train function's trace, the first evaluation's, the first
+    broadcast); ``again_s``: the first step at the new batch less that batch's median."""
+    model = make_model(args.seed)
+    model.compile(optimizer=hvd.DistributedOptimizer(tf.keras.optimizers.SGD(args.lr,
+                                                                             momentum=0.9)),
+                  metrics=["accuracy"],
+                  loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    small = args.small // hvd.size()
+    walls, medians, recs = [], [], []
+    broadcast = hvd.callbacks.BroadcastGlobalVariablesCallback(0)
+    for epoch, per_rank in enumerate((small, small, 2 * small)):
+        rec = Record(time.perf_counter())
+        start = time.perf_counter()
+        model.fit(data.for_epoch(epoch, per_rank), verbose=0, callbacks=[broadcast, rec],
+                  validation_data=(x_test, y_test))
+        walls.append(time.perf_counter() - start)
+        medians.append(statistics.median(rec.all_steps[1:]))
+        recs.append(rec.all_steps)
+    steady_outside = walls[1] - sum(recs[1])
+    return {"first_s": walls[0] - medians[0] * len(recs[0]) - steady_outside,
+            "again_s": recs[2][0] - medians[2], "epoch_walls_s": walls}
 
 
 def train(args: argparse.Namespace) -> dict:

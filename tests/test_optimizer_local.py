@@ -372,6 +372,26 @@ def test_overlap_callback_flushes_before_evaluate_and_leaves_fit_clean():
     assert "train_step" not in vars(model)           # the patch is removed after fit
 
 
+@pytest.mark.parametrize("strategy", ["auto", "deferred"])
+def test_a_plan_that_defers_nothing_traces_one_train_function(strategy):
+    """OverlapCallback's second train function (the one that lands at an epoch's end) is one
+    more trace; while the plan running defers nothing (auto on stock's fusion) it is the same."""
+    functions = {}
+
+    class Seen(tf.keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            functions[id(self.model.train_function)] = self.model.train_function
+
+    model = small_model()
+    opt = hvdo.DistributedOptimizer(tf.keras.optimizers.SGD(0.1), strategy=strategy)
+    model.compile(opt, tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    x, y = data()
+    model.fit(x, y, batch_size=16, epochs=1, verbose=0,
+              callbacks=[hvdo.OverlapCallback(), Seen()])
+    traced = [f for f in functions.values() if f.experimental_get_tracing_count()]
+    assert (len(traced) == 1) if strategy == "auto" else (len(traced) >= 2)
+
+
 def test_sharded_keras_file_resumes_before_the_first_step(tmp_path):
     """A .keras file saved by a sharded optimizer, loaded into a fresh sharded optimizer before
     training (state kept until the slices exist), resumes as if never interrupted; without the

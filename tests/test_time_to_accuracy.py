@@ -76,11 +76,22 @@ def test_prediction_beside_the_runs():
     text = tta.prediction({**RESULT, "runs": runs})
     assert "`--growth 1x32,2x64 --samples 1347`" in text
     rows = [line.split(" | ") for line in text.splitlines() if line.startswith("| stock")]
-    batches = [(r[0], r[1]) for r in rows if len(r) == 5]
+    batches = [(r[0], r[1]) for r in rows if len(r) == 6]
     assert batches == [("| stock-small", "32"), ("| stock-growth", "32"),
                        ("| stock-growth", "64")]
     cluster = measured_cluster("1000kbit", 2, load_overheads(OVERHEADS_BY_RANKS), "hosts")
     (pt,) = phase_times(tta.mlp_profile(16, 0.005), cluster, [Phase(3, 32)], 1347)
-    assert f"| stock-small | 32 | {pt.stock_s * 1e3:.1f} | 5.0 |" in text
+    assert f"| stock-small | 32 | 5.0 | {pt.stock_s * 1e3:.1f} | 5.0 |" in text
     # time to target: stock-small reaches 97 % in its 3rd epoch (both seeds): 3 epochs of steps
-    assert f"| stock-small | 3, 3 | {3 * pt.epoch_s(False):.1f} | 30.0 |" in text
+    bare = 3 * pt.epoch_s(False)
+    assert f"| stock-small | 3, 3 | {bare:.1f} | 30.0 |" in text
+    # a probe that measured every batch, the epochs' time outside the steps and stock's traces:
+    # they reach the prediction
+    probe = {**RESULT["probe"], "stock_traces": {"first_s": 2.0, "again_s": 0.5},
+             "batches": {"16": {"compute_step_s": 0.005, "epoch_overhead_s": 0.1},
+                         "32": {"compute_step_s": 0.006, "epoch_overhead_s": 0.3}}}
+    text = tta.prediction({**RESULT, "runs": runs, "probe": probe})
+    assert "--batch-compute 16=5.0ms,32=6.0ms --epoch-overhead 200ms --trace-overhead " \
+        "2000ms,500ms`" in text
+    assert f"| stock-small | 3, 3 | {bare + 3 * 0.2 + 2.0:.1f} | 30.0 |" in text
+    assert "| stock-growth | 32 | 5.0 |" in text and "| stock-growth | 64 | 6.0 |" in text

@@ -90,7 +90,14 @@ class OverlapCallback(tf.keras.callbacks.Callback):
         step) and one that also brings its own deferred part in at its end, for the steps
         after which someone may read the weights (every ``flush_every``-th batch, the last of
         an epoch), so that a checkpoint there is current whatever the callbacks' order. ``fit``
-        made its train function before ``on_train_begin`` and reads it again every step."""
+        made its train function before ``on_train_begin`` and reads it again every step.
+        While the plan running defers nothing (``strategy="auto"`` on stock's fusion), both
+        kinds are one function: one trace instead of two (a switch makes them again)."""
+        opt = self._optimizer()
+        if opt is not None and not opt.defers_now:
+            one = self.model.make_train_function(force=True)
+            self._functions = dict.fromkeys(StepKind, one)
+            return
         self._functions = {kind: self.model.make_train_function(force=True)
                            for kind in StepKind}
 

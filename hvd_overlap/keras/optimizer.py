@@ -84,6 +84,12 @@ class _DistributedMixin:
         return self._hvdo.defers
 
     @property
+    def defers_now(self) -> bool:
+        """True if the plan running now defers (``strategy="auto"`` running stock's fusion
+        does not; its next plan may)."""
+        return self._hvdo.defers_now
+
+    @property
     def pending(self) -> bool:
         """True if the last step's update has not landed in the weights yet (``flush()``)."""
         return self._hvdo.pending

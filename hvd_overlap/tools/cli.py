@@ -227,6 +227,14 @@ def profile(model_spec: str, batch_size: int, device_tflops: float | None, image
               help="with --growth: the epoch that reaches the target [default: the last]")
 @click.option("--epoch-overhead", "epoch_overhead", default="0s", show_default=True,
               help="with --growth: fixed time per epoch (evaluation, callbacks): 2s, 300ms")
+@click.option("--trace-overhead", "trace_overhead", default="0s", show_default=True,
+              help="with --growth: the train function's tracing at the first step (your first "
+                   "step's time less a steady one's), and after a comma at the first new batch "
+                   "(Keras traces once more there): 2s,300ms [default again: the first]")
+@click.option("--batch-compute", "batch_compute",
+              help="with --growth: the compute-only step measured at per-rank batches, "
+                   "16=5ms,64=11ms,256=44ms: each phase's compute is interpolated from them "
+                   "[default: the profile's, scaled with the batch]")
 def simulate(profile_paths: tuple[str, ...], np_: str, bandwidth: str, latency: str,
              strategies: str, cycle_ms: float, negotiation_ms: float | None,
              negotiation_growth: str | None, calibration_path: str | None,
@@ -235,7 +243,7 @@ def simulate(profile_paths: tuple[str, ...], np_: str, bandwidth: str, latency: 
              device_tflops: float | None, published: tuple[float, ...],
              md_path: str | None, json_path: str | None, plot_path: str | None,
              growth: str | None, samples: int | None, target_epoch: int | None,
-             epoch_overhead: str) -> None:
+             epoch_overhead: str, trace_overhead: str, batch_compute: str | None) -> None:
     """Predict the step time of each strategy on a cluster from PROFILEs (files from
     `hvd-overlap profile`, or shipped ones: resnet50, resnet101, vgg16), and with --growth
     the time to a target epoch of a run whose batch grows."""
@@ -252,8 +260,8 @@ def simulate(profile_paths: tuple[str, ...], np_: str, bandwidth: str, latency: 
                                ", or a file from hvd-overlap profile)")
     if published and len(published) != len(profile_paths):
         raise click.UsageError("--published: one value per PROFILE")
-    if (samples or target_epoch) and not growth:
-        raise click.UsageError("--samples and --target-epoch go with --growth")
+    if (samples or target_epoch or batch_compute) and not growth:
+        raise click.UsageError("--samples, --target-epoch and --batch-compute go with --growth")
     if growth and not samples:
         raise click.UsageError("--growth needs --samples (training samples per epoch)")
     try:
@@ -275,7 +283,11 @@ def simulate(profile_paths: tuple[str, ...], np_: str, bandwidth: str, latency: 
             raise ValueError(f"--strategies {','.join(unknown) or '(empty)'}: choose from "
                              f"{', '.join(sim.STRATEGIES + tuple(autos))}")
         ranks = report.parse_ranks(np_)
-        overhead_s = report.parse_duration(epoch_overhead)
+        first, _, again = trace_overhead.partition(",")
+        overheads = growth_time.Overheads(
+            report.parse_duration(epoch_overhead), report.parse_duration(first),
+            report.parse_duration(again) if again else None)
+        compute_at = report.parse_batch_compute(batch_compute) if batch_compute else None
         phases = growth_time.parse_schedule(growth) if growth else ()
         runs, choices, exchanges, grown = {}, {}, {}, {}
         for path in profile_paths:
@@ -300,7 +312,7 @@ def simulate(profile_paths: tuple[str, ...], np_: str, bandwidth: str, latency: 
             if phases:
                 grown[path] = [t for p in ranks if (t := growth_time.run_times(
                     prof, replace(cluster, ranks=p), phases, samples, target_epoch,
-                    overhead_s)) is not None]
+                    overheads, compute_at)) is not None]
     except (ValueError, FileNotFoundError) as e:
         raise click.UsageError(str(e)) from None
     measured_at = ", ".join(str(p) for p, *_ in cluster.measured_costs)
@@ -331,7 +343,11 @@ def simulate(profile_paths: tuple[str, ...], np_: str, bandwidth: str, latency: 
             click.echo(report.format_exchange(exchanges[path]))
         if phases:
             click.echo(f"\ngrowth {growth} (global batches), {samples} samples per epoch, "
-                       f"{overhead_s:g} s per epoch besides the steps")
+                       f"{overheads.epoch_s:g} s per epoch, {overheads.trace_s:g} s tracing "
+                       f"at the start and {overheads.again_s:g} s at the first new batch "
+                       "besides the steps, compute " + (
+                           "interpolated from --batch-compute" if compute_at
+                           else "scaled with the batch"))
             click.echo(report.format_growth(grown[path], ranks))
     titles = {p: f"{prof.model} (b{prof.batch_size}), {bandwidth}"
               for p, (prof, _) in runs.items()}

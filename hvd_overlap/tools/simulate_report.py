@@ -32,6 +32,21 @@ def parse_duration(text: str | float) -> float:
     return float(m.group(1)) * {"s": 1, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}[unit]
 
 
+def parse_batch_compute(text: str) -> dict[int, float]:
+    """``"16=5ms,64=11ms"`` -> {per-rank batch: compute-only step in seconds}."""
+    out: dict[int, float] = {}
+    for part in text.split(","):
+        batch, _, duration = part.strip().partition("=")
+        try:
+            out[int(batch)] = parse_duration(duration)
+        except ValueError:
+            raise ValueError(f"--batch-compute {text!r}: write it as BATCH=DURATION,... "
+                             "(per-rank batches), e.g. 16=5ms,64=11ms") from None
+        if int(batch) < 1 or out[int(batch)] <= 0:
+            raise ValueError(f"--batch-compute {text!r}: batches and durations above 0")
+    return out
+
+
 def parse_ranks(text: str) -> list[int]:
     """``"64"``, ``"2,8,64"`` or a power-of-two range ``"2-4096"`` -> rank counts."""
     out: list[int] = []
@@ -138,12 +153,13 @@ def format_growth(times: Sequence[RunTimes], ranks: Sequence[int]) -> str:
         lines.append(f"(not at {', '.join(map(str, skipped))} ranks: a global batch of the "
                      "schedule does not split over them)")
     lines.append(f"\n{'ranks':>6} {'phase':>10} {'batch/rank':>10} {'steps':>6} "
-                 f"{'stock s/epoch':>13} {'auto s/epoch':>12}  auto's plan")
+                 f"{'compute ms':>10} {'stock s/epoch':>13} {'auto s/epoch':>12}  auto's plan")
     for t in times:
         for pt in t.phases:
             phase = f"{pt.phase.epochs}x{pt.phase.batch}"
             lines.append(f"{t.ranks:>6} {phase:>10} {pt.per_rank_batch:>10} "
-                         f"{pt.steps_per_epoch:>6} {pt.epoch_s(False):>13.2f} "
+                         f"{pt.steps_per_epoch:>6} {pt.compute_s * 1e3:>10.1f} "
+                         f"{pt.epoch_s(False):>13.2f} "
                          f"{pt.epoch_s(True):>12.2f}  {pt.plan.describe()}")
     return "\n".join(lines)
 
@@ -155,7 +171,8 @@ def growth_dict(t: RunTimes) -> dict[str, Any]:
             "auto_small_s": t.plugin_small, "auto_growth_s": t.plugin_growth,
             "phases": [{"epochs": pt.phase.epochs, "batch": pt.phase.batch,
                         "per_rank_batch": pt.per_rank_batch,
-                        "steps_per_epoch": pt.steps_per_epoch, "stock_step_s": pt.stock_s,
+                        "steps_per_epoch": pt.steps_per_epoch, "compute_s": pt.compute_s,
+                        "stock_step_s": pt.stock_s,
                         "auto_step_s": pt.plugin_s, "auto_plan": pt.plan.keywords()}
                        for pt in t.phases]}
 

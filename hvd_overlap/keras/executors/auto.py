@@ -121,6 +121,10 @@ class AutoExecutor(Executor):
         return "auto"
 
     @property
+    def defers_now(self) -> bool:
+        return self.child().defers_now
+
+    @property
     def last_plan(self) -> Plan | None:
         plan = self.child().last_plan
         if plan is None and self._specs is not None:  # switched after the last step run

@@ -52,6 +52,11 @@ class Executor:
         self.handoff = Handoff()      # compute_gradients -> apply_gradients (trace time)
 
     @property
+    def defers_now(self) -> bool:
+        """True if the plan running now defers (auto's current plan may not: see there)."""
+        return self.defers
+
+    @property
     def strategy(self) -> str:
         return self.planner.strategy.name
 

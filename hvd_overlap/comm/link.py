@@ -55,8 +55,9 @@ def _seconds(kinds: list[tuple[str, int]], name: str, repeats: int) -> list[floa
     """Seconds per collective for each ``(kind, nbytes)`` (``nbytes`` moved in all) when
     ``repeats`` of them run one after another inside a graph, as a train step's do (an eager
     call would add its dispatch and sync). One graph times every kind between in-graph
-    timestamps: one trace, one warm-up run (Horovod negotiates each name once and caches it),
-    one timed run. Every result is consumed: an unused one could be pruned on one rank."""
+    timestamps, from a first allreduce that every rank has joined: one trace, one warm-up run
+    (Horovod negotiates each name once and caches it), one timed run. Every result is
+    consumed: an unused one could be pruned on one rank."""
     p = hvd.size()
     inputs = []
     for kind, nbytes in kinds:
@@ -65,7 +66,11 @@ def _seconds(kinds: list[tuple[str, int]], name: str, repeats: int) -> list[floa
 
     @tf.function(autograph=False)  # plain Python loops; autograph would convert Horovod's code
     def chains(*xs: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-        stamps, sums = [tf.timestamp()], []
+        # the clock starts when every rank is in: a rank that arrives late would otherwise be
+        # timed as the first collective's cost (and, subtracted, as a faster link)
+        ready = _collective("allreduce", tf.zeros([p]), f"{name}.ready")
+        with tf.control_dependencies([ready]):
+            stamps, sums = [tf.timestamp()], [tf.reduce_sum(ready)]
         for i, ((kind, _), x) in enumerate(zip(kinds, xs, strict=True)):
             last: tf.Tensor = stamps[-1]
             for r in range(repeats):  # each waits for the previous one's result

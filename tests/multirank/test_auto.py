@@ -151,6 +151,28 @@ def test_the_link_probe_times_each_collective_the_plans_use():
     assert cluster_of(plain).reduce_scatter(1e6) == cluster_of(plain).allgather(1e6)
 
 
+def test_a_rank_late_to_the_link_probe_is_not_timed_as_the_link(monkeypatch):
+    """One rank reaches the probe's first collective a few tenths of a second after the other
+    (in each run: a long computation feeds it there): that wait must not read as the fixed cost
+    of a collective, nor (subtracted) as a faster link."""
+    from hvd_overlap.comm import link as probe
+
+    first, original = [], probe._collective
+
+    def late(kind, x, name):
+        if not first and hvd_tf.rank() == 1:
+            m = tf.fill([1500, 1500], tf.reduce_sum(x) + 1.0)  # from x: not folded away
+            for _ in range(6):  # about 0.4 s on one core
+                m = tf.matmul(m, m) * 1e-3
+            x = x + 1e-30 * tf.reduce_sum(m)
+        first.append(name)
+        return original(kind, x, name)
+
+    monkeypatch.setattr(probe, "_collective", late)
+    got = probe.measure_link("test.link.late", repeats=4, probe_bytes=1 << 20)
+    assert got.per_collective_s < 0.02, got
+
+
 def _times(monkeypatch, ms: dict[Candidate, list[float]]) -> None:
     """Each trial of a plan measures the next of its ``ms`` (the same on every rank), so the
     test decides what the online check sees."""

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.regime import regime_rate
-from benchmarks.tta_worker import CONFIGS, LOCAL, load
+from benchmarks.tta_worker import CONFIGS, LOCAL, load, schedule
 
 #: the target: the small-batch stock runs' mean final accuracy minus this many points
 TARGET_DROP = 0.5
@@ -160,18 +160,6 @@ def plot(result: dict[str, Any], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
-
-
-def schedule(config: dict[str, Any]) -> str:
-    """The growth runs' schedule in ``--growth`` syntax (global batches): x2 every ``every``
-    epochs from ``small`` up to ``small * factor``, that batch for the remaining epochs."""
-    phases, batch, left = [], config["small"], config["epochs"]
-    while left > 0:
-        n = left if batch >= config["small"] * config["factor"] else min(config["every"], left)
-        phases.append(f"{n}x{batch}")
-        left -= n
-        batch *= 2
-    return ",".join(phases)
 
 
 def mlp_profile(per_rank_batch: int, compute_s: float):

@@ -24,6 +24,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import horovod.tensorflow.keras as hvd
 import numpy as np
@@ -31,6 +32,7 @@ import tensorflow as tf
 from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 
+from hvd_overlap.core.growth_time import parse_schedule
 from hvd_overlap.growth.callback import BatchSizeScheduler
 from hvd_overlap.growth.data import ShardedDataset, fit_with_growth
 from hvd_overlap.growth.policy import BatchGrowth, Periodic
@@ -95,13 +97,22 @@ class Record(tf.keras.callbacks.Callback):
         self._steps = []
 
 
-def probe_batches(args: argparse.Namespace) -> list[int]:
-    """The per-rank batches a growth run passes through, the small one first."""
-    out, batch = [], args.small
-    while batch <= args.small * args.factor:
-        out.append(batch // hvd.size())
+def schedule(config: dict[str, Any]) -> str:
+    """The growth runs' schedule in ``--growth`` syntax (global batches): x2 every ``every``
+    epochs from ``small`` up to ``small * factor``, that batch for the remaining epochs."""
+    phases, batch, left = [], config["small"], config["epochs"]
+    while left > 0:
+        n = left if batch >= config["small"] * config["factor"] else min(config["every"], left)
+        phases.append(f"{n}x{batch}")
+        left -= n
         batch *= 2
-    return out
+    return ",".join(phases)
+
+
+def probe_batches(args: argparse.Namespace) -> list[int]:
+    """The per-rank batches a growth run passes through (its ``schedule``), the small one
+    first."""
+    return [p.batch // hvd.size() for p in parse_schedule(schedule(vars(args)))]
 
 
 def probe(args: argparse.Namespace) -> dict:

@@ -115,8 +115,7 @@ def phase_times(profile: Profile, cluster: Cluster, phases: Sequence[Phase], sam
             at = at.scaled(interpolated(per_rank, compute_at) / at.compute_s)
         choice = autoplan.choose(at, cluster, family="every")
         out.append(PhaseTime(ph, per_rank, max(samples // ph.batch, 1), at.compute_s,
-                             choice.stock.step_s,
-                             choice.result.step_s, choice.best))
+                             choice.stock.step_s, choice.result.step_s, choice.best))
     return tuple(out)
 
 

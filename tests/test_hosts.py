@@ -73,6 +73,62 @@ def test_link_bytes_sent_counts_a_hosts_own_link():
     assert 100 * 1000 <= after - before < 100 * 1200, out.stdout  # payload plus headers
 
 
+_RECEIVER = """
+import socket
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("0.0.0.0", 5555))
+s.listen(1)
+c, _ = s.accept()
+while n := int.from_bytes(c.recv(8, socket.MSG_WAITALL), "little"):
+    while n:
+        n -= len(c.recv(n))
+    c.sendall(b"k")
+"""
+
+_SENDER = """
+import socket, sys, time
+size, host = int(sys.argv[1]), sys.argv[2]
+for _ in range(50):  # the receiver may still be starting
+    try:
+        c = socket.create_connection((host, 5555))
+        c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # as Gloo's pairs
+        break
+    except ConnectionRefusedError:
+        time.sleep(0.1)
+took = []
+for _ in range(7):
+    time.sleep(0.05)  # idle: the bucket refills (at 20 Mbit/s, 64 KiB of it in 26 ms); shorter
+    # than TCP's retransmission timeout (200 ms), after which it would slow-start again
+    t = time.perf_counter()
+    c.sendall(size.to_bytes(8, "little") + bytes(size))
+    c.recv(1)
+    took.append(time.perf_counter() - t)
+c.sendall(bytes(8))
+print(sorted(took)[3])
+"""
+
+
+def test_a_message_after_an_idle_spell_takes_the_links_time():
+    """A collective of a few tens of KiB, the first after a pause, as a step's first bucket:
+    it crosses at the link's rate, not at the host's (the bucket of tbf holds 1 ms of traffic;
+    with 256 KiB it took 1% of the link's time)."""
+    size, rate = 64 * 1024, 20e6 / 8  # 20 Mbit/s: the link's time for 64 KiB is 26 ms
+    with emulated_hosts(2, "20mbit", tag="hvdotest5") as hosts:
+        receiver = subprocess.Popen(["ip", "netns", "exec", hosts.namespaces[0],
+                                     sys.executable, "-c", _RECEIVER])
+        try:
+            out = subprocess.run(["ip", "netns", "exec", hosts.namespaces[1], sys.executable,
+                                  "-c", _SENDER, str(size), hosts.addresses[0]],
+                                 capture_output=True, text=True, timeout=60)
+        finally:
+            receiver.kill()
+            receiver.wait()
+    assert out.returncode == 0, out.stderr
+    ideal = size / rate
+    assert 0.7 * ideal <= float(out.stdout) <= 2.0 * ideal, (out.stdout, ideal)
+
+
 def test_hosts_are_removed_on_error():
     with pytest.raises(NetnsError), emulated_hosts(2, "0gbit", tag="hvdotest2"):
         pass  # tc refuses a zero rate after the namespaces exist: they must still go

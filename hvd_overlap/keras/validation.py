@@ -56,7 +56,8 @@ def validate_sharding(optimizer) -> None:
 
 def validate_deferring(optimizer, strategy: str, per_bucket: bool = True) -> None:
     """What deferring updates cannot do exactly, refused up front (``per_bucket``: the update
-    itself is applied bucket by bucket -- deferred, hybrid -- not only its all-gathers)."""
+    itself is applied bucket by bucket -- deferred, hybrid, sharded_hybrid -- not only its
+    all-gathers)."""
     if per_bucket and isinstance(optimizer, tf.keras.optimizers.Nadam):
         raise ValueError(_NADAM.format(strategy=strategy))
     if getattr(optimizer, "global_clipnorm", None):

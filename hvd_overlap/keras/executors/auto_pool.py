@@ -23,7 +23,7 @@ def can_defer(optimizer: Any, strategy: str = "hybrid") -> bool:
     from hvd_overlap.keras.validation import validate_deferring
 
     try:
-        validate_deferring(optimizer, strategy, per_bucket=strategy != "sharded_hybrid")
+        validate_deferring(optimizer, strategy)
     except ValueError:
         return False
     return True

@@ -1,6 +1,7 @@
 """``sharded`` and ``sharded_hybrid``: reduce-scatter during backprop, update this rank's slice
-of every bucket, all-gather the updated slices -- right after the update for the plan's
-backward-phase buckets, at the start of the next step (forward order) for its forward-phase ones.
+of every bucket, all-gather the updated slices -- for the plan's backward-phase buckets, each
+updated as soon as its reduce-scatter lands and gathered while backprop goes on; for its
+forward-phase ones, at the start of the next step (forward order).
 A dense kernel whose forward runs on the rows (``exchange_forward="rows"``) is not gathered in
 train steps: each rank writes its updated rows into it, and the whole kernel is gathered when the
 weights are read (``flush``, or the end of a landing step).
@@ -76,7 +77,7 @@ class ShardedExecutor(NextStepExecutor):
         given_global = gradients is Gradients.GLOBAL
         if given_global:
             grads = [g if g is None else tf.convert_to_tensor(g) for g in grads]
-        pairs = []
+        pairs = {}
         carried = self.exchange.carried(st.variables)  # kernels whose rows came global
         kept = self.exchange.kept(st.variables)  # kernels whose forward runs on the rows
         rows_here = [b for b in st.layout.buckets if b.segments[0].index in kept & carried]
@@ -87,12 +88,21 @@ class ShardedExecutor(NextStepExecutor):
                 else:
                     piece = self.method.scatter(b, grads)
             st.params[b.bucket].assign(st.slice_of(b, variables))  # current weights, exactly
-            pairs.append((piece, st.params[b.bucket]))
-        self.apply_part(pairs, count=True)
+            pairs[b.bucket] = (piece, st.params[b.bucket])
+        # Backward-phase buckets, output side first (the order their slices arrive in): each
+        # updated as soon as reduce-scattered and all-gathered while backprop goes on. Updates
+        # touch ``iterations`` so they run in this order; every part sees the step's number.
+        now = [b for b in reversed(st.layout.buckets)
+               if b.phase == BACKWARD and b.segments[0].index not in kept]
+        for b in now:
+            self.apply_part([pairs[b.bucket]], count=False)
+            self._gather(b)
+        self.apply_part([pairs[b.bucket] for b in st.layout.buckets if b not in now],
+                        count=True)
         for b in rows_here:
             self._keep_rows(b)
         for b in st.layout.buckets:  # (a kept kernel this graph did not use: gathered now)
-            if b not in rows_here and (b.phase == BACKWARD or b.segments[0].index in kept):
+            if b not in rows_here and b.segments[0].index in kept:
                 self._gather(b)
         forward = [lambda b=b: self._gather(b) for b in self._deferred(landing=False)]
         if first or not defer:  # no pre-forward phase: every bucket now, in forward order
@@ -241,7 +251,10 @@ class ShardedExecutor(NextStepExecutor):
         st = self.state
         if st.layout is None or self.opt.weight_decay is None:
             return super().apply_weight_decay(variables)
+        given = {id(v) for v in variables}  # (the step's update is applied in parts)
         for b, p in st.params.items():
+            if id(p) not in given:
+                continue
             lr = tf.cast(self.opt.learning_rate, p.dtype)
             wd = tf.cast(self.opt.weight_decay, p.dtype)
             mask = st.decay_masks.get(b)

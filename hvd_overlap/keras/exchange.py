@@ -79,6 +79,7 @@ class ExchangedDense:
         self.calls = 0  # most calls seen in one traced graph (a shared layer: more than one)
         self._plain: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._exchanged: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._input_grads: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         _compat.patch_method(layer, "call", self.call)  # Keras's __call__ calls self.call
 
     @property
@@ -103,6 +104,13 @@ class ExchangedDense:
                 "its gradients cannot be combined. Pass exchange='never' to "
                 "DistributedOptimizer")
         return bool(ex)
+
+    def input_gradients(self) -> list[tf.Tensor]:
+        """The input gradients the graph being built sent back by all-to-all (forward on the
+        rows) and that backprop uses below this layer: the next layers' backprop waits for
+        them. (A model's first layer's is never used, so never computed.)"""
+        graph = tf.compat.v1.get_default_graph()
+        return [t for t in self._input_grads.get(graph, []) if t.consumers()]
 
     # -- the layer's call --------------------------------------------------------------------
 
@@ -171,6 +179,7 @@ class ExchangedDense:
                 parts = tf.split(back, [batch * s for s in sizes])    # from each rank: its columns
                 dx = tf.concat([tf.reshape(p, [batch, s]) for p, s in zip(parts, sizes,
                                                                           strict=True)], 1)
+                self._input_grads.setdefault(dx.graph, []).append(dx)
                 return dx, self._rows_grad(x_mine, dy_all)
             return y, grad
         return matmul(x, mine)

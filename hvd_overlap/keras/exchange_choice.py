@@ -112,6 +112,11 @@ class DenseExchanges:
         return {i for i, v in enumerate(variables)
                 if v.ref() in by_ref and by_ref[v.ref()].exchanged_here()}
 
+    def input_gradients(self) -> list[tf.Tensor]:
+        """The input gradients of kernels on the rows that the graph being built sends back by
+        all-to-all and uses (``ExchangedDense.input_gradients``)."""
+        return [t for x in self.layers for t in x.input_gradients()]
+
     def decide(self, plan: Plan, variables: list[tf.Variable], layout: ShardLayout) -> Plan:
         """Which kernels the exchange carries, from the batch each layer saw in the first step
         (the largest over the ranks) and its calls per step; activates them with this rank's

@@ -234,6 +234,52 @@ def test_local_kernel_gradient_is_not_computed():
     assert (144, 33) not in shapes, shapes
 
 
+def _ancestors(op) -> set:
+    """Every op ``op`` waits for in its graph (data and control inputs)."""
+    seen: set = set()
+    todo = [op]
+    while todo:
+        current = todo.pop()
+        for parent in [t.op for t in current.inputs] + list(current.control_inputs):
+            if parent not in seen:
+                seen.add(parent)
+                todo.append(parent)
+    return seen
+
+
+def test_reduce_scatters_wait_for_the_input_gradients_on_the_rows():
+    """With the forward on the rows, backprop below an exchanged layer waits for its input
+    gradient's all-to-all; Horovod runs one collective at a time, so the buckets ready before
+    it (the biases above) are reduce-scattered after it. The first layer's input gradient,
+    which nothing uses, is not made to run."""
+    tf.keras.utils.set_random_seed(3)
+    model = MODELS["dense_mix"]()
+    opt = hvdo.DistributedOptimizer(OPTIMIZERS["sgd"](), strategy="sharded", exchange="always",
+                                    exchange_forward="rows", bucket_bytes=64)  # bias by bias
+    model.compile(optimizer=opt, loss=LOSS)
+    x, y = rank_data("dense_mix", BATCH * 3)
+    cb = hvdo.OverlapCallback()
+    model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0, callbacks=[cb])
+    assert len(opt.plan.buckets) > 3
+    checked = 0
+    for fn in cb._functions.values():  # the traced steps of the last fit (after the decision)
+        for concrete in fn._list_all_concrete_functions_for_serialization():
+            ops = concrete.graph.get_operations()
+            dx = {op for op in ops if op.type == "HorovodAlltoall" and ".dx" in op.name}
+            scatters = [op for op in ops if op.type == "HorovodReducescatter"]
+            if not (dx and scatters):
+                continue
+            assert len(dx) == 3, sorted(op.name for op in dx)  # wide, nobias, logits
+            waited = set()
+            for op in scatters:
+                before = _ancestors(op) & dx
+                assert before, op.name
+                waited |= before
+            assert len(waited) == 2, sorted(op.name for op in waited)  # not wide's
+            checked += 1
+    assert checked
+
+
 def test_gathered_state_equals_stock_slots():
     """A checkpoint's optimizer state with the exchange: every rank's rows joined, equal to
     stock Horovod's Adam moments (uneven rows included)."""

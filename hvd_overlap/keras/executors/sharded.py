@@ -74,6 +74,10 @@ class ShardedExecutor(NextStepExecutor):
                              "optimizer per model (the variable list changed)")
         st = self.state
         checks = [] if defer else self.phase.assert_not_pending()
+        # The exchange's input gradients are on backprop's critical path: the buckets ready
+        # before them (the layers above) are reduce-scattered after them, so that Horovod,
+        # which runs one collective at a time, sends those first.
+        checks = list(checks) + self.exchange.input_gradients()
         given_global = gradients is Gradients.GLOBAL
         if given_global:
             grads = [g if g is None else tf.convert_to_tensor(g) for g in grads]

@@ -283,13 +283,13 @@ def test_end_to_end_auto_chooses_before_timing(tmp_path):
     assert doc["strategies"]["stock#2"]["ratio_to_stock"] > 0
     assert doc["raw"]["clean_baseline"] and "each strategy in its own launch" in result.output
     (pick,) = doc["raw"]["auto_choices"]
-    # two trials besides stock's fusion, or none where no plan is predicted 10% faster (which
-    # depends on this machine's load while the link is probed)
+    # a trial for each of the two fastest strategies predicted 10% faster than stock's fusion:
+    # two, one or none (which depends on this machine's load while the link is probed)
     trials = len(pick["measured_ms"]) - 1
-    assert pick["settled"] and trials in (0, 2), pick
+    assert pick["settled"] and trials in (0, 1, 2), pick
     assert pick["choice"] in pick["measured_ms"]
-    if trials:  # stock's fusion, the two trials, stock's again (10 steps each), a confirmation
-        assert pick["steps"] >= 40, pick
+    if trials:  # stock's fusion, the trials, stock's again (10 steps each), a confirmation
+        assert pick["steps"] >= 20 + 10 * trials, pick
     else:
         assert pick["choice"] == "horovod (stock fusion)" and pick["steps"] == 10, pick
     # a choice other than stock fusion was measured again beside it (and kept only if faster)

@@ -10,6 +10,7 @@ from tensorflow.python.framework.func_graph import FuncGraph
 import hvd_overlap
 import hvd_overlap.keras as hvdo
 from hvd_overlap.comm.methods import Allreduce, CommSettings, ReduceScatterGather, SliceMethod
+from tests.graphs import ancestors
 
 hvd.init()
 
@@ -545,19 +546,6 @@ class DependencySlices(ReduceScatterGather):
         return whole
 
 
-def _ancestors(op) -> set:
-    """Every op ``op`` waits for in its graph (data and control inputs)."""
-    seen: set = set()
-    todo = [op]
-    while todo:
-        current = todo.pop()
-        for parent in [t.op for t in current.inputs] + list(current.control_inputs):
-            if parent not in seen:
-                seen.add(parent)
-                todo.append(parent)
-    return seen
-
-
 def test_sharded_hybrid_gathers_a_bucket_while_backprop_goes_on():
     """A backward-phase bucket is updated and all-gathered as soon as its own slice is reduced:
     its all-gather waits for its reduce-scatter, not for those of the buckets on its input side
@@ -574,7 +562,7 @@ def test_sharded_hybrid_gathers_a_bucket_while_backprop_goes_on():
     now = [k for k, b in enumerate(buckets) if b.phase == "backward"]
     assert len(now) >= 2 and len(now) < len(buckets)
     for k in now:
-        waits_for = _ancestors(method.gather_ops[buckets[k].bucket])
+        waits_for = ancestors(method.gather_ops[buckets[k].bucket])
         assert method.scatter_ops[buckets[k].bucket] in waits_for
         input_side = [method.scatter_ops[b.bucket] for b in buckets[:k]]
         assert not any(op in waits_for for op in input_side), k

@@ -11,6 +11,7 @@ import tensorflow as tf
 import hvd_overlap.keras as hvdo
 from hvd_overlap.core.exchange import row_range
 from hvd_overlap.core.plan import EXCHANGE_ROWS, EXCHANGES
+from tests.graphs import ancestors
 from tests.multirank.helpers import (
     BATCH,
     LOSS,
@@ -234,19 +235,6 @@ def test_local_kernel_gradient_is_not_computed():
     assert (144, 33) not in shapes, shapes
 
 
-def _ancestors(op) -> set:
-    """Every op ``op`` waits for in its graph (data and control inputs)."""
-    seen: set = set()
-    todo = [op]
-    while todo:
-        current = todo.pop()
-        for parent in [t.op for t in current.inputs] + list(current.control_inputs):
-            if parent not in seen:
-                seen.add(parent)
-                todo.append(parent)
-    return seen
-
-
 def test_reduce_scatters_wait_for_the_input_gradients_on_the_rows():
     """With the forward on the rows, backprop below an exchanged layer waits for its input
     gradient's all-to-all; Horovod runs one collective at a time, so the buckets ready before
@@ -272,7 +260,7 @@ def test_reduce_scatters_wait_for_the_input_gradients_on_the_rows():
             assert len(dx) == 3, sorted(op.name for op in dx)  # wide, nobias, logits
             waited = set()
             for op in scatters:
-                before = _ancestors(op) & dx
+                before = ancestors(op) & dx
                 assert before, op.name
                 waited |= before
             assert len(waited) == 2, sorted(op.name for op in waited)  # not wide's

@@ -311,6 +311,11 @@ def predict(model: str, np_: int, batch_size: int, steps: int, warmup: int,
                f"{compute * 1e3:.1f} ms; predicted " + ", ".join(
                    f"{s} {p['step_s'] * 1e3:.0f} ms" for s, p in out["predicted"].items())
                + f"; best allreduce plan {out['best_allreduce']}")
+    if (host := pred.host_rate(np_, net_model)) is not None and parse_rate(net) > host:
+        click.echo(f"note: {net} is faster than this host carries between {np_} ranks without a "
+                   f"limit ({host * 8e-6:.0f} Mbit/s, the calibration's 'plain'): the run's "
+                   "regime will be above the one asked; the prediction uses the host's rate",
+                   err=True)
     click.echo(f"measure with: {out['bench_command']} --json BENCH.json")
 
 

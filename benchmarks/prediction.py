@@ -62,6 +62,17 @@ def predict(model: str, batch_size: int, compute_s: float, net: str, ranks: int,
             "predicted": out, "best_allreduce": best}
 
 
+def host_rate(ranks: int, net_model: str, overheads: dict[str, Any] | None = None) -> float | None:
+    """The allreduce rate (bytes/s, ring terms) this host carries between ``ranks`` ranks
+    without a link limit (the calibration's ``plain``), or None where it was not calibrated."""
+    from benchmarks.validation import OVERHEADS_BY_RANKS, load_overheads, measured_cluster
+
+    d = overheads or load_overheads(OVERHEADS_BY_RANKS)
+    if "plain" not in d["nets"]:
+        return None
+    return measured_cluster("plain", ranks, d, net_model).bandwidth
+
+
 @dataclass(frozen=True)
 class Row:
     """One strategy of one configuration: measured, predicted and the trivial predictor."""

@@ -65,7 +65,8 @@ def measured_cluster(net: str, ranks: int = 2, overheads: dict[str, Any] | None 
     (Gloo). Where the network was calibrated at several rank counts, its fitted laws
     (``hvd_overlap.core.sim.laws``) give the parameters at ``ranks``; a shaped rate never
     calibrated takes the laws of the nearest calibrated rate of the same network model, its
-    rates scaled to this one. Otherwise the 2-rank calibration, with the simulator's default
+    rates scaled to this one, and no faster than the unshaped host's (``plain``) where that
+    was calibrated with laws too. Otherwise the 2-rank calibration, with the simulator's default
     laws. Calibrations made before network models existed are keyed by the bare rate; they
     were measured on one shaped loopback."""
     from benchmarks.netns import parse_net
@@ -86,6 +87,9 @@ def measured_cluster(net: str, ranks: int = 2, overheads: dict[str, Any] | None 
     entry = d["nets"][key]
     if "laws" in entry:
         fields = cluster_fields(entry["laws"], ranks, None if rate is None else parse_rate(rate))
+        host = d["nets"].get("plain", {}).get("laws")
+        if rate is not None and host is not None:
+            fields = _capped_by_host(fields, cluster_fields(host, ranks, None))
         return replace(Cluster(ranks=ranks, latency=0.0, **fields), **changes)
     f = entry["fit"]
     return replace(Cluster(ranks=ranks, bandwidth=f["bandwidth"], latency=0.0,
@@ -95,6 +99,16 @@ def measured_cluster(net: str, ranks: int = 2, overheads: dict[str, Any] | None 
                            allgather_bandwidth=f.get("allgather_bandwidth"),
                            alltoall_bandwidth=f.get("alltoall_gather_bandwidth")),
                    **changes)
+
+
+def _capped_by_host(fields: dict[str, Any], host: dict[str, Any]) -> dict[str, Any]:
+    """A shaped link's rates no faster than the same ranks' unshaped ones (``plain``): an
+    emulated link cannot carry more than the host moves without a limit (a 10 Gbit/s link
+    between 4 ranks on 2 cores runs at the host's rate)."""
+    rates = ("bandwidth", "reduce_scatter_bandwidth", "allgather_bandwidth",
+             "alltoall_bandwidth")
+    return {k: min(v, host[k]) if k in rates and v and host.get(k) else v
+            for k, v in fields.items()}
 
 
 def _nearest_rate(d: dict[str, Any], rate: str, net_model: str) -> str | None:

@@ -66,6 +66,24 @@ def test_measured_cluster_uses_the_laws_and_the_nearest_calibrated_rate():
         measured_cluster("200mbit", 4, d, "loopback")
 
 
+def test_a_shaped_link_is_no_faster_than_the_unshaped_host():
+    from benchmarks.validation import measured_cluster
+
+    shaped = fit_laws({p: _fit(p, 5e-4, 1e-4) for p in (2, 4)}, 1.25e8)
+    host = fit_laws({p: _fit(p, 3e-4, 1e-4, share=1.0, rate=3e8) for p in (2, 4)}, None)
+    d = {"nets": {"1gbit hosts": {"laws": shaped}, "plain": {"laws": host}}}
+    slow = measured_cluster("1gbit", 4, d, "hosts")
+    assert slow.bandwidth == pytest.approx(1e8)  # 0.8 of 1 Gbit/s: below the host's 3e8
+    fast = measured_cluster("10gbit", 4, d, "hosts")  # 0.8 of 10 Gbit/s: the host's
+    assert fast.bandwidth == pytest.approx(3e8)
+    assert fast.reduce_scatter_bandwidth == pytest.approx(1.5e8)
+    assert fast.negotiation() == pytest.approx(slow.negotiation())  # the shaped net's costs
+    from benchmarks.prediction import host_rate
+
+    assert host_rate(4, "hosts", d) == pytest.approx(3e8)
+    assert host_rate(4, "hosts", {"nets": {"1gbit hosts": {"laws": shaped}}}) is None
+
+
 def test_ring_terms_of_the_allreduce_bandwidth_at_four_ranks():
     from hvd_overlap.tools.collective_costs import GROUP, SIZES, fit
 

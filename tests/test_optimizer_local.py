@@ -468,16 +468,22 @@ def _settings(name):
     return CommSettings(name=name, op=hvd_tf.Average, compression=hvd_tf.Compression.none)
 
 
+def _fits_like_plain_sgd(method, **options):
+    """A wrapped SGD with momentum, ``method`` registered, fitted beside the plain optimizer:
+    the weights agree to 1e-6. Returns the wrapped optimizer."""
+    opt = hvdo.DistributedOptimizer(tf.keras.optimizers.SGD(0.1, momentum=0.9), **options)
+    opt.register_bucket_method(method)
+    plain = fit(small_model(), tf.keras.optimizers.SGD(0.1, momentum=0.9))
+    got = fit(small_model(), opt)
+    for a, b in zip(plain, got, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+    return opt
+
+
 @pytest.mark.parametrize("strategy", ["layerwise", "deferred", "hybrid"])
 def test_a_registered_bucket_method_sends_every_bucket_in_plan_order(strategy):
-    plain = fit(small_model(), tf.keras.optimizers.SGD(0.1, momentum=0.9))
-    opt = hvdo.DistributedOptimizer(tf.keras.optimizers.SGD(0.1, momentum=0.9),
-                                    strategy=strategy, bucket_bytes=64)
     method = RecordingAllreduce(_settings("rec" + strategy))
-    opt.register_bucket_method(method)
-    got = fit(small_model(), opt)
-    for a, b in zip(plain, got, strict=True):  # exact: the method is an allreduce
-        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+    opt = _fits_like_plain_sgd(method, strategy=strategy, bucket_bytes=64)  # an allreduce: exact
     plan = opt.plan
     backward = [b.index for b in plan.phase_buckets("backward")]
     forward = [b.index for b in plan.phase_buckets("forward")]
@@ -507,14 +513,8 @@ def test_a_bucket_method_that_is_wrong_shows_in_the_weights():
 
 
 def test_sharded_bucket_method_is_swappable_and_gathers_in_forward_order():
-    opt = hvdo.DistributedOptimizer(tf.keras.optimizers.SGD(0.1, momentum=0.9),
-                                    strategy="sharded", bucket_bytes=64)
     method = RecordingSlices(_settings("recsharded"))
-    opt.register_bucket_method(method)
-    plain = fit(small_model(), tf.keras.optimizers.SGD(0.1, momentum=0.9))
-    got = fit(small_model(), opt)
-    for a, b in zip(plain, got, strict=True):
-        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+    opt = _fits_like_plain_sgd(method, strategy="sharded", bucket_bytes=64)
     order = [b.index for b in opt.plan.buckets]  # all in the forward phase: forward order
     assert len(order) > 2
     # every trace reduce-scatters each bucket once (each starts when its gradient exists)
@@ -550,14 +550,8 @@ def test_sharded_hybrid_gathers_a_bucket_while_backprop_goes_on():
     """A backward-phase bucket is updated and all-gathered as soon as its own slice is reduced:
     its all-gather waits for its reduce-scatter, not for those of the buckets on its input side
     (whose gradients backprop produces later)."""
-    opt = hvdo.DistributedOptimizer(tf.keras.optimizers.SGD(0.1, momentum=0.9),
-                                    strategy="sharded_hybrid", bucket_bytes=64, defer=1)
     method = DependencySlices(_settings("depsharded"))
-    opt.register_bucket_method(method)
-    plain = fit(small_model(), tf.keras.optimizers.SGD(0.1, momentum=0.9))
-    got = fit(small_model(), opt)
-    for a, b in zip(plain, got, strict=True):
-        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+    opt = _fits_like_plain_sgd(method, strategy="sharded_hybrid", bucket_bytes=64, defer=1)
     buckets = opt.shard_layout.buckets  # forward order
     now = [k for k, b in enumerate(buckets) if b.phase == "backward"]
     assert len(now) >= 2 and len(now) < len(buckets)

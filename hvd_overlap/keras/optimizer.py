@@ -336,7 +336,7 @@ def DistributedOptimizer(  # noqa: N802 -- same name as Horovod's factory
     if plan_options.exchange != NEVER:
         validate_exchange(compression)
     if chosen.defers and not isinstance(chosen, Auto):
-        validate_deferring(optimizer, chosen.name, per_bucket=chosen.name != "sharded")
+        validate_deferring(optimizer, chosen.name)
     validate_elastic(chosen.name, chosen.defers or chosen.tuned)
     if isinstance(chosen, StockHorovod):
         prefix = name or f"Distributed{type(optimizer).__name__}"

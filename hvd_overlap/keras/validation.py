@@ -54,11 +54,11 @@ def validate_sharding(optimizer) -> None:
                          "does not shard; use strategy='deferred' or 'layerwise'")
 
 
-def validate_deferring(optimizer, strategy: str, per_bucket: bool = True) -> None:
-    """What deferring updates cannot do exactly, refused up front (``per_bucket``: the update
-    itself is applied bucket by bucket -- deferred, hybrid, sharded_hybrid -- not only its
-    all-gathers)."""
-    if per_bucket and isinstance(optimizer, tf.keras.optimizers.Nadam):
+def validate_deferring(optimizer, strategy: str) -> None:
+    """What deferring updates cannot do exactly, refused up front. Every deferring strategy
+    but ``sharded`` also applies the update itself bucket by bucket (deferred, hybrid,
+    sharded_hybrid), not only its all-gathers: Nadam cannot be split so."""
+    if strategy != "sharded" and isinstance(optimizer, tf.keras.optimizers.Nadam):
         raise ValueError(_NADAM.format(strategy=strategy))
     if getattr(optimizer, "global_clipnorm", None):
         raise ValueError(f"global_clipnorm needs every gradient at once, but strategy "

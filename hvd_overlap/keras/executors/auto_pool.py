@@ -36,7 +36,7 @@ def can_shard(optimizer: Any) -> bool:
 
     try:
         validate_sharding(optimizer)
-        validate_deferring(optimizer, "sharded", per_bucket=False)
+        validate_deferring(optimizer, "sharded")
     except ValueError:
         return False
     return True

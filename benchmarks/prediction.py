@@ -39,15 +39,15 @@ def predict(model: str, batch_size: int, compute_s: float, net: str, ranks: int,
     plan, with the measured profile of ``model`` scaled to ``compute_s``."""
     from benchmarks.validation import (
         OVERHEADS_BY_RANKS,
+        bench_profile,
         bench_profile_name,
-        lab_profile,
         load_overheads,
         measured_cluster,
     )
     from hvd_overlap.core.simulate import simulate
 
     name = bench_profile_name(model, batch_size)
-    profile = lab_profile(name)
+    profile = bench_profile(model, batch_size)
     profile = profile.scaled(compute_s / profile.compute_s)
     cluster = measured_cluster(net, ranks, overheads or load_overheads(OVERHEADS_BY_RANKS),
                                net_model)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from hvd_overlap.core.autoplan import at_batch
 from hvd_overlap.core.simulate import (
     RUNTIME_STRATEGIES,
     STRATEGIES,
@@ -157,6 +158,16 @@ def bench_profile_name(model: str, batch: int) -> str:
     return exact if exact in bench_profiles() or not others else others[0]
 
 
+def bench_profile(model: str, batch: int) -> Profile:
+    """The measured profile of a bench model at ``batch`` per rank: its own, or the model's
+    measured at another batch with the compute and the exchange's activations moved to
+    ``batch`` (the gradients and the optimizer update do not change with it)."""
+    profile = lab_profile(bench_profile_name(model, batch))
+    if profile.batch_size == batch:
+        return profile
+    return at_batch(profile, batch / profile.batch_size)
+
+
 def validate_run(bench: dict[str, Any], overheads: dict[str, Any] | None = None,
                  strategies: Sequence[str] = RUNTIME_STRATEGIES) -> tuple[list[Check], float]:
     """Predict every strategy of one bench run. The measured profile's compute is scaled so a
@@ -165,7 +176,7 @@ def validate_run(bench: dict[str, Any], overheads: dict[str, Any] | None = None,
     the simulator does not know gets a check without a prediction."""
     raw, summary = bench["raw"], bench["strategies"]
     cfg = raw["config"]
-    profile = lab_profile(bench_profile_name(cfg["model"], cfg["batch_size"]))
+    profile = bench_profile(cfg["model"], cfg["batch_size"])
     local = statistics.median(raw["step_times"]["local"])
     scale = local / profile.compute_s
     profile = profile.scaled(scale)

@@ -205,3 +205,21 @@ def test_simulate_with_a_calibration_uses_its_costs_and_laws(tmp_path):
     assert "measured at 2, 3, 4 ranks" in with_cal.output and "linear(P)" in with_cal.output
     assert "x log2(P)" in without.output
     assert with_cal.output.split("\n", 1)[1] != without.output.split("\n", 1)[1]
+
+
+def test_a_prediction_prices_the_exchange_at_the_run_s_batch_not_the_profile_s():
+    from benchmarks.prediction import predict
+    from benchmarks.validation import OVERHEADS_BY_RANKS, bench_profile, lab_profile, load_overheads
+
+    measured = lab_profile("vgg-b64-cpu")  # the vgg is profiled at 64 per rank only
+    at_32 = bench_profile("vgg", 32)
+    assert (measured.batch_size, at_32.batch_size) == (64, 32)
+    assert at_32.grad_bytes == measured.grad_bytes and at_32.update_s == measured.update_s
+    args = dict(compute_s=0.5, net="300mbit", ranks=4, net_model="hosts",
+                strategies=("stock", "sharded", "sharded+exchange"),
+                overheads=load_overheads(OVERHEADS_BY_RANKS))
+    p32, p64 = predict("vgg", 32, **args)["predicted"], predict("vgg", 64, **args)["predicted"]
+    # the exchange sends activations, which grow with the batch; the other plans send gradients
+    exchanged = p64["sharded+exchange"]["sent_bytes"] - p32["sharded+exchange"]["sent_bytes"]
+    assert exchanged > 0.1 * p32["sharded+exchange"]["sent_bytes"]
+    assert p32["sharded"]["sent_bytes"] == p64["sharded"]["sent_bytes"]

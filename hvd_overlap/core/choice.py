@@ -61,11 +61,14 @@ class Exchange:
 
 @dataclass(frozen=True)
 class Strategy:
-    """What every strategy has: a registry name and the two facts that pick its executor."""
+    """What every strategy has: a registry name and the facts that pick its executor and checks."""
 
     name: ClassVar[str]
     defers: ClassVar[bool] = False  # some buckets travel at the start of the next step
     shards: ClassVar[bool] = False  # each rank updates only its slice of every bucket
+    #: the optimizer's update itself is applied bucket by bucket (not only the all-gathers),
+    #: which an optimizer that updates every variable at once (Nadam) cannot follow exactly
+    splits_update: ClassVar[bool] = False
 
     @property
     def tuned(self) -> bool:
@@ -171,6 +174,7 @@ class Deferred(_Bucketed):
 
     name: ClassVar[str] = "deferred"
     defers: ClassVar[bool] = True
+    splits_update: ClassVar[bool] = True
 
 
 @dataclass(frozen=True)
@@ -180,6 +184,7 @@ class Hybrid(_Bucketed):
 
     name: ClassVar[str] = "hybrid"
     defers: ClassVar[bool] = True
+    splits_update: ClassVar[bool] = True
     defer: Defer = None
 
     def __post_init__(self) -> None:
@@ -218,6 +223,7 @@ class ShardedHybrid(Sharded):
     input-side ones (None: half the bytes) in the next forward."""
 
     name: ClassVar[str] = "sharded_hybrid"
+    splits_update: ClassVar[bool] = True
     defer: Defer = None
 
     def __post_init__(self) -> None:

@@ -9,6 +9,7 @@ import os
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
+from hvd_overlap.core import choice
 from hvd_overlap.keras import _compat
 
 #: Keras 2.15's Nadam multiplies its momentum-schedule product once per variable whose traced
@@ -55,10 +56,10 @@ def validate_sharding(optimizer) -> None:
 
 
 def validate_deferring(optimizer, strategy: str) -> None:
-    """What deferring updates cannot do exactly, refused up front. Every deferring strategy
-    but ``sharded`` also applies the update itself bucket by bucket (deferred, hybrid,
-    sharded_hybrid), not only its all-gathers: Nadam cannot be split so."""
-    if strategy != "sharded" and isinstance(optimizer, tf.keras.optimizers.Nadam):
+    """What deferring updates cannot do exactly, refused up front: a strategy that applies
+    the update itself bucket by bucket (``Strategy.splits_update``) cannot run Nadam."""
+    splits = choice.get(strategy).splits_update
+    if splits and isinstance(optimizer, tf.keras.optimizers.Nadam):
         raise ValueError(_NADAM.format(strategy=strategy))
     if getattr(optimizer, "global_clipnorm", None):
         raise ValueError(f"global_clipnorm needs every gradient at once, but strategy "

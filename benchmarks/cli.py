@@ -490,12 +490,14 @@ def auto_results(md_path: str, run_paths: tuple[str, ...]) -> None:
 @click.option("--epochs", type=int, default=24, show_default=True)
 @click.option("--timeout", type=float, default=900, show_default=True,
               help="seconds per launch before every rank is stopped")
+@click.option("--width", type=int, default=1024, show_default=True,
+              help="the MLP's hidden layers (a width x width kernel for the exchange)")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), required=True,
               help="writes time_to_accuracy.json, .md and .png here")
 @click.option("--from-json", is_flag=True, help="redraw from OUT/time_to_accuracy.json")
 @click.option("--verbose", is_flag=True, help="show every rank's output")
-def time_to_accuracy(regime: float, seeds: str, epochs: int, timeout: float, out_dir: str,
-                     from_json: bool, verbose: bool) -> None:
+def time_to_accuracy(regime: float, seeds: str, epochs: int, timeout: float, width: int,
+                     out_dir: str, from_json: bool, verbose: bool) -> None:
     """Wall time to a target test accuracy on 2 emulated hosts (root): stock Horovod and the
     plugin's strategy="auto", each with the small batch and with batch growth; 3 seeds,
     interleaved launches. Writes the table (.md), the plot (.png) and every run (.json)."""
@@ -512,7 +514,7 @@ def time_to_accuracy(regime: float, seeds: str, epochs: int, timeout: float, out
             result = tta.run(regime, [int(s) for s in seeds.split(",")], epochs, timeout,
                              on_progress=click.echo,
                              on_line=(lambda line: click.echo(line, nl=False)) if verbose
-                             else (lambda line: None))
+                             else (lambda line: None), width=width)
         except (NetnsError, ValueError, RuntimeError) as e:
             raise click.ClickException(str(e)) from None
         path.write_text(json.dumps(result, indent=1))

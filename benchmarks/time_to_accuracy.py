@@ -3,7 +3,7 @@ Horovod against the plugin, each with the small batch and with batch growth.
 
 The batch-growth study's task (digits, SGD with momentum, 24 epochs, small global batch 32,
 growth x2 every 3 epochs to 512 with linear LR and a 50-step ramp) with a wider MLP (two
-1024-wide hidden layers), on 2 emulated hosts (``benchmarks.netns``). The link is set from the
+hidden layers, ``width`` wide), on 2 emulated hosts (``benchmarks.netns``). The link is set from the
 measured compute-only step at the small batch (``regime.regime_rate``), so that stock's gradient
 traffic takes ``regime`` times that step on the wire. Four configurations, each in a launch of
 its own (``benchmarks.tta_worker``), interleaved seed by seed (the order rotates):
@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.regime import regime_rate
-from benchmarks.tta_worker import CONFIGS, LOCAL, load, schedule
+from benchmarks.tta_worker import CONFIGS, LOCAL, WIDTH, load, schedule
 
 #: the target: the small-batch stock runs' mean final accuracy minus this many points
 TARGET_DROP = 0.5
@@ -51,10 +51,14 @@ def _launch(args: Sequence[str], rate: str | None, timeout: float,
 
 
 def run(regime: float, seeds: Sequence[int], epochs: int, timeout: float,
-        on_progress: Callable[[str], None], on_line: Callable[[str], None]) -> dict[str, Any]:
-    """Measure the compute-only step, set the link, run every configuration for every seed."""
+        on_progress: Callable[[str], None], on_line: Callable[[str], None],
+        width: int = WIDTH) -> dict[str, Any]:
+    """Measure the compute-only step, set the link, run every configuration for every seed
+    (``width``: the MLP's hidden layers)."""
     on_progress("compute-only step at the small batch (unshaped hosts, plain optimizer)")
-    probe = _launch(["--config", LOCAL, "--epochs", str(epochs)], None, timeout, on_line)
+    model = ["--width", str(width)]
+    probe = _launch(["--config", LOCAL, "--epochs", str(epochs), *model], None, timeout,
+                    on_line)
     rate = regime_rate(regime, probe["compute_step_s"], probe["grad_bytes"], 2)
     on_progress(f"compute-only {probe['compute_step_s'] * 1e3:.1f} ms, gradients "
                 f"{probe['grad_bytes'] / 2**20:.1f} MiB: link {rate} for R = {regime}")
@@ -63,14 +67,14 @@ def run(regime: float, seeds: Sequence[int], epochs: int, timeout: float,
         order = CONFIGS[i % len(CONFIGS):] + CONFIGS[:i % len(CONFIGS)]
         for config in order:
             on_progress(f"seed {seed}: {config}")
-            got = _launch(["--config", config, "--seed", str(seed), "--epochs", str(epochs)],
-                          rate, timeout, on_line)
+            got = _launch(["--config", config, "--seed", str(seed), "--epochs", str(epochs),
+                           *model], rate, timeout, on_line)
             runs[config].append({"seed": seed, **got})
             last = got["epochs"][-1]
             on_progress(f"  {got['total_s']:.1f} s, accuracy {100 * last['val_accuracy']:.2f}"
                         f" %, {last['rounds']} rounds")
     return {"regime": regime, "rate": rate, "probe": probe, "seeds": list(seeds),
-            "epochs": epochs, "runs": runs}
+            "epochs": epochs, "width": width, "runs": runs}
 
 
 def time_to(epochs: Sequence[dict], target: float) -> tuple[float, int] | None:
@@ -117,7 +121,8 @@ def markdown(result: dict[str, Any]) -> str:
     probe = result["probe"]
     lines = [
         f"Target: {s['target']:.2f} % (stock with the small batch, mean final accuracy, minus "
-        f"{TARGET_DROP} points). R = {result['regime']} at the small batch: compute-only "
+        f"{TARGET_DROP} points). MLP with two {result.get('width', WIDTH)}-wide hidden layers. "
+        f"R = {result['regime']} at the small batch: compute-only "
         f"{probe['compute_step_s'] * 1e3:.1f} ms/step, {probe['grad_bytes'] / 2**20:.2f} MiB "
         f"of gradients, link {result['rate']}; seeds {', '.join(map(str, result['seeds']))}; "
         "mean ± sd.", "",
@@ -162,14 +167,13 @@ def plot(result: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-def mlp_profile(per_rank_batch: int, compute_s: float):
+def mlp_profile(per_rank_batch: int, compute_s: float, width: int = WIDTH):
     """The experiment's MLP as a simulator profile: each dense layer's compute in proportion to
     its multiply-adds (backward twice the forward, once for the first layer), the whole scaled
     to the measured compute-only step."""
-    from benchmarks.tta_worker import WIDTH
     from hvd_overlap.core.simulate import Layer, Profile
 
-    shapes = [(64, WIDTH), (WIDTH, WIDTH), (WIDTH, 10)]
+    shapes = [(64, width), (width, width), (width, 10)]
     layers = tuple(Layer(f"dense_{i}", n_in * n_out, n_in * n_out * (1 if i == 0 else 2),
                          4 * (n_in * n_out + n_out), tensors=2, dense=(n_in, n_out))
                    for i, (n_in, n_out) in enumerate(shapes))
@@ -209,7 +213,8 @@ def prediction(result: dict[str, Any]) -> str:
     ranks = 2
     cluster = measured_cluster(result["rate"], ranks, load_overheads(OVERHEADS_BY_RANKS),
                                "hosts")
-    profile = mlp_profile(config["small"] // ranks, probe["compute_step_s"])
+    profile = mlp_profile(config["small"] // ranks, probe["compute_step_s"],
+                          config.get("width", WIDTH))
     compute_at, overheads = probe_inputs(probe)
     phases = growth_time.parse_schedule(schedule(config))
     samples = len(load()[0])

@@ -51,11 +51,11 @@ def load(seed: int = 0):
     return train_test_split(x, y.astype("int64"), test_size=0.25, stratify=y, random_state=seed)
 
 
-def make_model(seed: int) -> tf.keras.Model:
+def make_model(seed: int, width: int = WIDTH) -> tf.keras.Model:
     tf.keras.utils.set_random_seed(seed)
     L = tf.keras.layers
-    return tf.keras.Sequential([L.Dense(WIDTH, activation="relu", input_shape=(64,)),
-                                L.Dense(WIDTH, activation="relu"), L.Dense(10)])
+    return tf.keras.Sequential([L.Dense(width, activation="relu", input_shape=(64,)),
+                                L.Dense(width, activation="relu"), L.Dense(10)])
 
 
 def make_policy(config: str, args: argparse.Namespace) -> BatchGrowth:
@@ -123,7 +123,7 @@ def probe(args: argparse.Namespace) -> dict:
     spends outside its steps (``fit``'s set-up, the validation; the median over the batch's
     epochs after its first)."""
     x_train, x_test, y_train, y_test = load()
-    model = make_model(args.seed)
+    model = make_model(args.seed, args.width)
     model.compile(optimizer=tf.keras.optimizers.SGD(args.lr, momentum=0.9), metrics=["accuracy"],
                   loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     data = ShardedDataset(x_train, y_train, seed=args.seed)
@@ -153,7 +153,7 @@ def stock_traces(args: argparse.Namespace, data: ShardedDataset, x_test, y_test)
     the first epoch's wall time less its steps at its median step and less a steady epoch's
     time outside the steps (the train function's trace, the first evaluation's, the first
     broadcast); ``again_s``: the first step at the new batch less that batch's median."""
-    model = make_model(args.seed)
+    model = make_model(args.seed, args.width)
     model.compile(optimizer=hvd.DistributedOptimizer(tf.keras.optimizers.SGD(args.lr,
                                                                              momentum=0.9)),
                   metrics=["accuracy"],
@@ -176,7 +176,7 @@ def stock_traces(args: argparse.Namespace, data: ShardedDataset, x_test, y_test)
 
 def train(args: argparse.Namespace) -> dict:
     x_train, x_test, y_train, y_test = load()
-    model = make_model(args.seed)
+    model = make_model(args.seed, args.width)
     opt = tf.keras.optimizers.SGD(args.lr, momentum=0.9)
     callbacks: list[tf.keras.callbacks.Callback] = []
     if args.config.startswith("stock"):
@@ -214,6 +214,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--warmup", type=int, default=50, help="LR ramp steps after each growth")
     ap.add_argument("--lr", type=float, default=0.04, help="the LR at the small batch")
     ap.add_argument("--probe-steps", type=int, default=60)
+    ap.add_argument("--width", type=int, default=WIDTH, help="the hidden layers' width")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     hvd.init()

@@ -95,3 +95,20 @@ def test_prediction_beside_the_runs():
         "2000ms,500ms`" in text
     assert f"| stock-small | 3, 3 | {bare + 3 * 0.2 + 2.0:.1f} | 30.0 |" in text
     assert "| stock-growth | 32 | 5.0 |" in text and "| stock-growth | 64 | 6.0 |" in text
+
+
+def test_prediction_models_the_width_the_runs_trained():
+    from benchmarks.validation import OVERHEADS_BY_RANKS, load_overheads, measured_cluster
+    from hvd_overlap.core.growth_time import Phase, phase_times
+
+    wide = tta.mlp_profile(16, 0.005, width=2048)
+    assert wide.grad_bytes == 4 * (64 * 2048 + 2048 + 2048 * 2048 + 2048 + 2048 * 10 + 10)
+    config = {"small": 32, "factor": 1, "every": 1, "epochs": 3, "width": 2048}  # no growth
+    runs = {name: [{**r, "config": config} for r in rs] for name, rs in RESULT["runs"].items()}
+    text = tta.prediction({**RESULT, "runs": runs})
+    cluster = measured_cluster("1000kbit", 2, load_overheads(OVERHEADS_BY_RANKS), "hosts")
+    (pt,) = phase_times(wide, cluster, [Phase(3, 32)], 1347)
+    (narrow,) = phase_times(tta.mlp_profile(16, 0.005), cluster, [Phase(3, 32)], 1347)
+    assert f"{pt.stock_s * 1e3:.1f}" != f"{narrow.stock_s * 1e3:.1f}"
+    assert f"| stock-small | 32 | 5.0 | {pt.stock_s * 1e3:.1f} | 5.0 |" in text
+    assert "two 2048-wide hidden layers" in tta.markdown({**RESULT, "width": 2048})

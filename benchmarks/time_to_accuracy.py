@@ -74,7 +74,13 @@ def run(regime: float, seeds: Sequence[int], epochs: int, timeout: float,
             on_progress(f"  {got['total_s']:.1f} s, accuracy {100 * last['val_accuracy']:.2f}"
                         f" %, {last['rounds']} rounds")
     return {"regime": regime, "rate": rate, "probe": probe, "seeds": list(seeds),
-            "epochs": epochs, "width": width, "runs": runs}
+            "epochs": epochs, "runs": runs}
+
+
+def width_of(result: dict[str, Any]) -> int:
+    """The MLP's hidden width the runs trained (their worker's ``--width``; runs recorded
+    before the option had the default)."""
+    return result["runs"][STOCK_SMALL][0].get("config", {}).get("width", WIDTH)
 
 
 def time_to(epochs: Sequence[dict], target: float) -> tuple[float, int] | None:
@@ -121,7 +127,7 @@ def markdown(result: dict[str, Any]) -> str:
     probe = result["probe"]
     lines = [
         f"Target: {s['target']:.2f} % (stock with the small batch, mean final accuracy, minus "
-        f"{TARGET_DROP} points). MLP with two {result.get('width', WIDTH)}-wide hidden layers. "
+        f"{TARGET_DROP} points). MLP with two {width_of(result)}-wide hidden layers. "
         f"R = {result['regime']} at the small batch: compute-only "
         f"{probe['compute_step_s'] * 1e3:.1f} ms/step, {probe['grad_bytes'] / 2**20:.2f} MiB "
         f"of gradients, link {result['rate']}; seeds {', '.join(map(str, result['seeds']))}; "
@@ -213,8 +219,7 @@ def prediction(result: dict[str, Any]) -> str:
     ranks = 2
     cluster = measured_cluster(result["rate"], ranks, load_overheads(OVERHEADS_BY_RANKS),
                                "hosts")
-    profile = mlp_profile(config["small"] // ranks, probe["compute_step_s"],
-                          config.get("width", WIDTH))
+    profile = mlp_profile(config["small"] // ranks, probe["compute_step_s"], width_of(result))
     compute_at, overheads = probe_inputs(probe)
     phases = growth_time.parse_schedule(schedule(config))
     samples = len(load()[0])

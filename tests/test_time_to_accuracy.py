@@ -111,4 +111,5 @@ def test_prediction_models_the_width_the_runs_trained():
     (narrow,) = phase_times(tta.mlp_profile(16, 0.005), cluster, [Phase(3, 32)], 1347)
     assert f"{pt.stock_s * 1e3:.1f}" != f"{narrow.stock_s * 1e3:.1f}"
     assert f"| stock-small | 32 | 5.0 | {pt.stock_s * 1e3:.1f} | 5.0 |" in text
-    assert "two 2048-wide hidden layers" in tta.markdown({**RESULT, "width": 2048})
+    assert "two 2048-wide hidden layers" in tta.markdown({**RESULT, "runs": runs})
+    assert "two 1024-wide hidden layers" in tta.markdown(RESULT)  # runs without --width

@@ -288,8 +288,9 @@ def test_end_to_end_auto_chooses_before_timing(tmp_path):
     trials = len(pick["measured_ms"]) - 1
     assert pick["settled"] and trials in (0, 1, 2), pick
     assert pick["choice"] in pick["measured_ms"]
-    if trials:  # stock's fusion, the trials, stock's again (10 steps each), a confirmation
-        assert pick["steps"] >= 20 + 10 * trials, pick
+    if trials:  # stock's fusion, the trials, stock's again (10 steps each), a confirmation;
+        # or stock's fusion and one trial, 25% faster or more
+        assert pick["steps"] >= 20 + 10 * trials or pick["steps"] == 20, pick
     else:
         assert pick["choice"] == "horovod (stock fusion)" and pick["steps"] == 10, pick
     # a choice other than stock fusion was measured again beside it (and kept only if faster)

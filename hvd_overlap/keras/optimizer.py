@@ -194,7 +194,8 @@ class _DistributedMixin:
         If the new batch runs long enough (``horizon_steps`` unknown, or at least twice the
         steps a check takes), the check runs again as at the start: its probe, then the plans
         the simulator ranks for the model as it runs now. Otherwise the simulator alone picks,
-        from the model fitted in the last check with its compute scaled by ``batch_factor``.
+        from the model fitted in the last check with its compute scaled by ``batch_factor``,
+        and keeps the current plan unless another is predicted 10% faster.
         ``BatchSizeScheduler`` calls it at every growth; call it yourself, between steps and on
         every rank alike, if you change the batch by hand. Exact: the current plan's pending
         update lands first. ``why`` goes into the log and ``plan_choices``. A no-op for a fixed

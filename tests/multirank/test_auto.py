@@ -33,8 +33,10 @@ TRIALS = [Candidate("hybrid", 2048, 2), Candidate("deferred", 2048)]
 @pytest.fixture(autouse=True)
 def short_trials(monkeypatch):
     """One timed step per plan, so the probe, both trials, the probe again and a second pass
-    over the probe and the choice (six trials of four steps) fit in a run of 24 steps."""
+    over the probe and the choice (six trials of four steps) fit in a run of 24 steps; every
+    trial runs whatever the timings (a clear win ends the check early: tested on its own)."""
     monkeypatch.setattr(auto, "TRIAL_STEPS", 1)
+    monkeypatch.setattr(auto, "CLEAR_GAIN", 1.0)  # no step is 100% faster
 
 
 def auto_with(trials=None, strategy="auto", **kw):
@@ -204,6 +206,21 @@ def test_the_first_choice_is_measured_again_and_kept_only_if_faster_again(monkey
         # to hybrid, deferred, horovod; hybrid again, then back to horovod
         assert ex.current == HORO and ex.switches == 5
         assert "but not in its second (120.0 vs 100.0 ms/step): keeping horovod" in ex.log[-1]
+    assert_weights_close(got, train_fit("cnn_bn", "sgd_momentum", stock, epochs=3))
+
+
+def test_a_plan_clearly_faster_in_its_trial_ends_the_check(monkeypatch):
+    """hybrid's trial is 30% faster than the probe's: it stays at once (no trial of the
+    other plan, no second pass), and the weights are stock Horovod's."""
+    monkeypatch.setattr(auto, "CLEAR_GAIN", 0.25)
+    _times(monkeypatch, {HORO: [100.0], HYBRID: [70.0], DEFERRED: []})
+    wrap = auto_with(TRIALS)
+    got = train_fit("cnn_bn", "sgd_momentum", wrap, epochs=3)
+    ex = wrap.made[0]._hvdo
+    assert ex.settled and ex.measured == {HORO: 0.1, HYBRID: 0.07} and not ex.confirmed
+    assert ex.current == HYBRID and ex.switches == 1
+    assert ex.settling_steps == 2 * (auto.WARM_STEPS + auto.TRIAL_STEPS)
+    assert "faster by 25% or more: no further trial" in ex.log[-1]
     assert_weights_close(got, train_fit("cnn_bn", "sgd_momentum", stock, epochs=3))
 
 

@@ -32,6 +32,7 @@ MODEL = "dense_big"
 @pytest.fixture(autouse=True)
 def short_trials(monkeypatch):
     monkeypatch.setattr(auto, "TRIAL_STEPS", 1)
+    monkeypatch.setattr(auto, "CLEAR_GAIN", 1.0)  # every trial runs, whatever the timings
 
 
 def choose_the_exchange(monkeypatch) -> None:

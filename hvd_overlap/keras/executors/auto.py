@@ -11,7 +11,8 @@ time, by the simulator's prediction and then by measurement.
 3. The predicted best and the best of another strategy each get a trial of the same length,
    then the probe a second one (its first ran in the process's first steps, which stall more
    often; this one replaces it); the fastest measured plan is kept (the probe unless another
-   is faster by more than ``core.trial.MARGIN``).
+   is faster by more than ``core.trial.MARGIN``). A trial faster than the probe's by
+   ``CLEAR_GAIN`` or more ends the check there: that plan stays.
 4. A choice other than the probe is confirmed: the probe runs one more trial, then the choice
    (the executor that will stay), and the choice is kept only if it is faster again by the same
    margin -- a plan picked for one lucky trial (seven steps time a plan to a few per cent on a
@@ -65,6 +66,10 @@ SKIP_AFTER_TRACE = 1
 #: check), only if predicted this much faster than the probe: the simulator's error on this
 #: machine is ~15% (scaling.md), and each trial costs its traces and steps (settling)
 PREDICTED_GAIN = 0.1
+#: a trial this much faster than the probe's ends the check at once: a lucky or stalled trial
+#: moves a 7-step median by a few per cent, not by a quarter, and each further trial costs a
+#: trace (1-2 s for a sharded plan on this machine's CPU) and steps at a slower plan
+CLEAR_GAIN = 0.25
 
 
 class AutoExecutor(Executor):
@@ -287,6 +292,13 @@ class AutoExecutor(Executor):
             # the probe once more, last: its first trial ran in the process's first steps,
             # which stall more often than later ones; every plan compared is then a later one
             self.queue = trials + [self.probe]
+        elif self.confirming is None and self.current != self.probe \
+                and step <= self.first_probe_s * (1 - CLEAR_GAIN):
+            self.queue = []
+            self.reason = (self._why(self.current) + f"; faster by {CLEAR_GAIN:.0%} or more:"
+                           " no further trial")
+            self._settle(self.current)
+            return
         if self.queue:
             self._switch(self.queue.pop(0))
             return
@@ -304,9 +316,10 @@ class AutoExecutor(Executor):
 
     def _predict_for(self, why: str, batch_factor: float | None, horizon: int) -> None:
         """The plan for a batch that runs too few steps for a check: the simulator's pick
-        (the probe unless another is predicted faster by ``PREDICTED_GAIN``) from the model
-        fitted in the last check, its compute scaled by ``batch_factor``; without such a model
-        (the check did not rank, or the factor is unknown) the current plan stays."""
+        from the model fitted in the last check, its compute scaled by ``batch_factor`` -- the
+        current plan unless another is predicted faster than it by ``PREDICTED_GAIN`` (a switch
+        costs a trace); without such a model (the check did not rank, or the factor is
+        unknown) the current plan stays."""
         self.trigger = why
         short = f"{why}: {horizon} steps, too few for a check"
         if not self.settled:  # a check under way stops: the probe, never slower than stock
@@ -319,14 +332,15 @@ class AutoExecutor(Executor):
             profile, cluster, pool = self._fitted
             grown = autoplan.at_batch(profile, batch_factor)
             ranked = autoplan.rank(grown, cluster, pool)
-            probe_s = autoplan.predict(grown, cluster, self.probe).step_s
-            best, result = ranked[0] if ranked else (self.probe, None)
+            current_s = autoplan.predict(grown, cluster, self.current).step_s
+            best, result = ranked[0] if ranked else (self.current, None)
             choice = best if result is not None and \
-                result.step_s < probe_s * (1 - PREDICTED_GAIN) else self.probe
+                result.step_s < current_s * (1 - PREDICTED_GAIN) else self.current
             self.predicted = {c: r.step_s for c, r in ranked}
             self.reason = (f"{short}; predicted {choice.describe()} "
-                           f"{self.predicted.get(choice, probe_s) * 1e3:.1f} vs "
-                           f"{self.probe.describe()} {probe_s * 1e3:.1f} ms/step")
+                           f"{self.predicted.get(choice, current_s) * 1e3:.1f} ms/step"
+                           + ("" if choice == self.current else
+                              f" vs {self.current.describe()} {current_s * 1e3:.1f}"))
         self.queue, self.confirming = [], None
         self._chose(choice, steps=0, seconds=0.0)
 

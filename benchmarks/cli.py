@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from benchmarks.config import LOCAL, MODEL_NAMES, BenchConfig
+from benchmarks.tta_task import WIDTH
 
 
 def _runs(paths: tuple[str, ...], page: str | None = None) -> list[dict]:
@@ -490,7 +491,7 @@ def auto_results(md_path: str, run_paths: tuple[str, ...]) -> None:
 @click.option("--epochs", type=int, default=24, show_default=True)
 @click.option("--timeout", type=float, default=900, show_default=True,
               help="seconds per launch before every rank is stopped")
-@click.option("--width", type=int, default=1024, show_default=True,
+@click.option("--width", type=int, default=WIDTH, show_default=True,
               help="the MLP's hidden layers (a width x width kernel for the exchange)")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), required=True,
               help="writes time_to_accuracy.json, .md and .png here")

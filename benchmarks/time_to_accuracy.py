@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.regime import regime_rate
-from benchmarks.tta_worker import CONFIGS, LOCAL, WIDTH, load, schedule
+from benchmarks.tta_task import CONFIGS, LOCAL, WIDTH, load, schedule
 
 #: the target: the small-batch stock runs' mean final accuracy minus this many points
 TARGET_DROP = 0.5

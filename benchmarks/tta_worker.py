@@ -24,31 +24,16 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import horovod.tensorflow.keras as hvd
 import numpy as np
 import tensorflow as tf
-from sklearn.datasets import load_digits
-from sklearn.model_selection import train_test_split
 
+from benchmarks.tta_task import CONFIGS, LOCAL, WIDTH, load, schedule
 from hvd_overlap.core.growth_time import parse_schedule
 from hvd_overlap.growth.callback import BatchSizeScheduler
 from hvd_overlap.growth.data import ShardedDataset, fit_with_growth
 from hvd_overlap.growth.policy import BatchGrowth, Periodic
-
-CONFIGS = ("stock-small", "stock-growth", "auto-small", "auto-growth")
-LOCAL = "local-small"
-WIDTH = 1024  # the hidden layers: a 1024x1024 kernel, the dense factor exchange's to carry
-
-
-def load(seed: int = 0):
-    """The batch-growth study's split: 1347 training images, 450 held out (the same as
-    ``examples/batch_growth_study.py``'s, not imported from it: that module loads the plugin's
-    runtime, which a stock run must not)."""
-    x, y = load_digits(return_X_y=True)
-    x = (x / 16.0).astype("float32")
-    return train_test_split(x, y.astype("int64"), test_size=0.25, stratify=y, random_state=seed)
 
 
 def make_model(seed: int, width: int = WIDTH) -> tf.keras.Model:
@@ -96,17 +81,6 @@ class Record(tf.keras.callbacks.Callback):
             "step_ms": 1e3 * statistics.median(self._steps) if self._steps else None})
         self._steps = []
 
-
-def schedule(config: dict[str, Any]) -> str:
-    """The growth runs' schedule in ``--growth`` syntax (global batches): x2 every ``every``
-    epochs from ``small`` up to ``small * factor``, that batch for the remaining epochs."""
-    phases, batch, left = [], config["small"], config["epochs"]
-    while left > 0:
-        n = left if batch >= config["small"] * config["factor"] else min(config["every"], left)
-        phases.append(f"{n}x{batch}")
-        left -= n
-        batch *= 2
-    return ",".join(phases)
 
 
 def probe_batches(args: argparse.Namespace) -> list[int]:

@@ -715,3 +715,30 @@ def test_auto_leaves_out_the_plans_a_loop_could_tell_apart_and_says_why():
     assert kept == pool and why == ["the exchange: one rank"]  # (this process: one rank)
     kept, why = usable_pool(pool[:1], TrainLoop.CUSTOM, settings, set())
     assert kept == pool[:1] and why == []  # no sharded plan in the pool: nothing to say
+
+
+@pytest.mark.parametrize("probe_ms, switches", [(95.0, False), (85.0, True)])
+def test_auto_keeps_the_running_plan_for_a_short_batch_unless_another_is_clearly_faster(
+        monkeypatch, probe_ms, switches):
+    """A growth too short-lived for a check: the simulator's pick replaces the running plan
+    (here hybrid, predicted 100 ms) only if predicted 10% faster than it; stock's fusion
+    predicted 5% faster is not worth a switch (a trace), 15% faster is."""
+    from types import SimpleNamespace
+
+    from hvd_overlap.core import autoplan
+    from hvd_overlap.core.autoplan import Candidate
+
+    probe, hybrid = Candidate("horovod"), Candidate("hybrid", 2048, 2)
+    ms = {probe: probe_ms, hybrid: 100.0}
+
+    def result(c):
+        return SimpleNamespace(step_s=ms[c] / 1e3)
+    monkeypatch.setattr(autoplan, "at_batch", lambda profile, factor: profile)
+    monkeypatch.setattr(autoplan, "rank", lambda profile, cluster, pool: sorted(
+        ((c, result(c)) for c in pool), key=lambda cr: cr[1].step_s))
+    monkeypatch.setattr(autoplan, "predict", lambda profile, cluster, c: result(c))
+    ex = hvdo.DistributedOptimizer(tf.keras.optimizers.SGD(0.1), strategy="auto")._hvdo
+    ex.current, ex.settled, ex._fitted = hybrid, True, (None, None, [probe, hybrid])
+    ex.reconsider("growth", batch_factor=2.0, horizon_steps=10)
+    assert ex.current == (probe if switches else hybrid), ex.reason
+    assert ex.choices[-1]["chosen"] == ex.current.describe() and ex.choices[-1]["steps"] == 0

@@ -331,12 +331,10 @@ class AutoExecutor(Executor):
         else:
             profile, cluster, pool = self._fitted
             grown = autoplan.at_batch(profile, batch_factor)
-            ranked = autoplan.rank(grown, cluster, pool)
+            self.predicted = {c: r.step_s for c, r in autoplan.rank(grown, cluster, pool)}
             current_s = autoplan.predict(grown, cluster, self.current).step_s
-            best, result = ranked[0] if ranked else (self.current, None)
-            choice = best if result is not None and \
-                result.step_s < current_s * (1 - PREDICTED_GAIN) else self.current
-            self.predicted = {c: r.step_s for c, r in ranked}
+            choice = autoplan.pick({**self.predicted, self.current: current_s}, self.current,
+                                   margin=PREDICTED_GAIN)
             self.reason = (f"{short}; predicted {choice.describe()} "
                            f"{self.predicted.get(choice, current_s) * 1e3:.1f} ms/step"
                            + ("" if choice == self.current else

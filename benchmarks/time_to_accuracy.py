@@ -56,8 +56,8 @@ def run(regime: float, seeds: Sequence[int], epochs: int, timeout: float,
     """Measure the compute-only step, set the link, run every configuration for every seed
     (``width``: the MLP's hidden layers)."""
     on_progress("compute-only step at the small batch (unshaped hosts, plain optimizer)")
-    model = ["--width", str(width)]
-    probe = _launch(["--config", LOCAL, "--epochs", str(epochs), *model], None, timeout,
+    width_args = ["--width", str(width)]
+    probe = _launch(["--config", LOCAL, "--epochs", str(epochs), *width_args], None, timeout,
                     on_line)
     rate = regime_rate(regime, probe["compute_step_s"], probe["grad_bytes"], 2)
     on_progress(f"compute-only {probe['compute_step_s'] * 1e3:.1f} ms, gradients "
@@ -68,7 +68,7 @@ def run(regime: float, seeds: Sequence[int], epochs: int, timeout: float,
         for config in order:
             on_progress(f"seed {seed}: {config}")
             got = _launch(["--config", config, "--seed", str(seed), "--epochs", str(epochs),
-                           *model], rate, timeout, on_line)
+                           *width_args], rate, timeout, on_line)
             runs[config].append({"seed": seed, **got})
             last = got["epochs"][-1]
             on_progress(f"  {got['total_s']:.1f} s, accuracy {100 * last['val_accuracy']:.2f}"

@@ -82,7 +82,6 @@ class Record(tf.keras.callbacks.Callback):
         self._steps = []
 
 
-
 def probe_batches(args: argparse.Namespace) -> list[int]:
     """The per-rank batches a growth run passes through (its ``schedule``), the small one
     first."""

@@ -410,15 +410,18 @@ def auto_grid(profile_paths: tuple[str, ...], np_: str, bandwidths: str, latenci
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="write the checks")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False),
               help="measured against predicted step times (.png)")
+@click.option("--calibration", "calibration_path", type=click.Path(exists=True, dir_okay=False),
+              help="the calibration file (default: the 2-rank one the validation was made with)")
 def validate(bench_paths: tuple[str, ...], md_path: str | None, json_path: str | None,
-             plot_path: str | None) -> None:
+             plot_path: str | None, calibration_path: str | None) -> None:
     """The simulator's predicted step times against bench runs (``bench --json`` files), with
     this machine's calibration and the bench models' measured profiles:
     ``python -m benchmarks validate benchmarks/results/bench/*.json``."""
     from benchmarks import results, validation
 
     try:
-        table, checks = validation.validation_markdown(bench_paths)
+        table, checks = validation.validation_markdown(
+            bench_paths, calibration_path or validation.OVERHEADS)
     except (ValueError, FileNotFoundError, KeyError) as e:
         raise click.ClickException(f"cannot validate: {e}") from None
     click.echo(table)

@@ -72,7 +72,7 @@ def measured_cluster(net: str, ranks: int = 2, overheads: dict[str, Any] | None 
     were measured on one shaped loopback."""
     from benchmarks.netns import parse_net
     from hvd_overlap.core.sim.cluster import parse_rate
-    from hvd_overlap.core.sim.laws import cluster_fields
+    from hvd_overlap.core.sim.laws import cluster_fields, small_excess
 
     d = overheads or load_overheads()
     key = net_key(net, net_model)
@@ -98,7 +98,8 @@ def measured_cluster(net: str, ranks: int = 2, overheads: dict[str, Any] | None 
                            cpu_steal=f["cpu_steal"], comm_slowdown=max(f["comm_slowdown"], 1.0),
                            reduce_scatter_bandwidth=f.get("reduce_scatter_bandwidth"),
                            allgather_bandwidth=f.get("allgather_bandwidth"),
-                           alltoall_bandwidth=f.get("alltoall_gather_bandwidth")),
+                           alltoall_bandwidth=f.get("alltoall_gather_bandwidth"),
+                           small_excess=small_excess(f.get("small_excess_s"))),
                    **changes)
 
 
@@ -172,8 +173,9 @@ def validate_run(bench: dict[str, Any], overheads: dict[str, Any] | None = None,
                  strategies: Sequence[str] = RUNTIME_STRATEGIES) -> tuple[list[Check], float]:
     """Predict every strategy of one bench run. The measured profile's compute is scaled so a
     step without communication takes the run's ``local`` time (the profile gives the shape,
-    the run the level); returns the checks and that scale. A strategy the run measured that
-    the simulator does not know gets a check without a prediction."""
+    the run the level); returns the checks and that scale. Every other strategy the run
+    measured is predicted too (the exchange's among them); one the simulator does not know
+    gets a check without a prediction."""
     raw, summary = bench["raw"], bench["strategies"]
     cfg = raw["config"]
     profile = bench_profile(cfg["model"], cfg["batch_size"])
@@ -183,10 +185,9 @@ def validate_run(bench: dict[str, Any], overheads: dict[str, Any] | None = None,
     net_model = cfg.get("net_model", "loopback")
     cluster = measured_cluster(cfg["net"], raw["ranks"], overheads, net_model)
     checks = []
-    unknown = [s for s in summary if s not in strategies and s not in STRATEGIES
-               and s not in ("local", "stock")]
+    others = [s for s in summary if s not in strategies and s not in ("local", "stock")]
     baseline = ["stock"] if "stock" in summary else []
-    for s in [*baseline, *strategies, *unknown]:
+    for s in [*baseline, *strategies, *others]:
         model = "horovod" if s == "stock" else s  # real stock Horovod: the stock model
         r = simulate(profile, model, cluster) if model in STRATEGIES else None
         m = summary.get(s)

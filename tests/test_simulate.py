@@ -338,11 +338,70 @@ def test_calibration_fit_per_collective_type():
         measured_cluster("1gbit", 2, {"nets": {"1gbit hosts": {"fit": f}}}, "loopback")
 
 
+def test_calibration_fit_keeps_what_small_collectives_take_beyond_the_line():
+    from hvd_overlap.tools.collective_costs import GROUP, PHASE_SIZES, SIZES, SMALL_SIZES, fit
+
+    extra = {64 << 10: 4e-3, 256 << 10: 2e-3, 1 << 20: 0.0}
+
+    def run(base: float, sizes=SIZES, phase_sizes=PHASE_SIZES) -> dict:
+        def t(n: int, rate: float) -> float:
+            return base + n / rate + extra.get(n, 0.0)
+        return {"sizes": {str(n): {"wall_s": t(n, 1e9) if n > 4 else base} for n in sizes},
+                "phases": {k: {str(n): t(n, 5e8) for n in phase_sizes}
+                           for k in ("reduce_scatter", "allgather", "alltoall_gather")},
+                "grouped": {"1": 1e-3, str(GROUP): 1e-3}, "ranks": 2,
+                "steal": {"cpu_steal": 0.0, "comm_slowdown": 1.0}}
+
+    f = fit(run(5e-4), run(5e-4))
+    assert f["bandwidth"] == pytest.approx(1e9) and f["allgather_bandwidth"] == pytest.approx(2.5e8)
+    assert set(f["small_excess_s"]) == {"allreduce", "reduce_scatter", "allgather",
+                                        "alltoall_gather"}
+    for by_size in f["small_excess_s"].values():
+        assert by_size == pytest.approx({str(n): extra[n] for n in SMALL_SIZES}, abs=1e-9)
+    # a calibration made before the small sizes were timed has none
+    old = fit(run(5e-4, SIZES[:1] + SIZES[-3:], PHASE_SIZES[-3:]),
+              run(5e-4, SIZES[:1] + SIZES[-3:], PHASE_SIZES[-3:]))
+    assert "small_excess_s" not in old
+    from benchmarks.validation import measured_cluster
+
+    c = measured_cluster("1gbit", 2, {"nets": {"1gbit hosts": {"fit": f}}}, "hosts")
+    assert c.alltoall(64 << 10) == pytest.approx(0.5 * (64 << 10) / 2.5e8 + 4e-3)
+    assert c.allreduce(16 << 20) == pytest.approx((16 << 20) / 1e9)
+
+
+def test_small_collectives_cost_what_was_measured_beyond_the_line():
+    small = (("alltoall", ((64, 2.0), (256, 1.0))), ("allreduce", ((64, 0.5),)))
+    c = Cluster(ranks=2, bandwidth=100.0, alltoall_bandwidth=50.0, small_excess=small)
+    line = Cluster(ranks=2, bandwidth=100.0, alltoall_bandwidth=50.0)
+    added = {n: c.alltoall(n) - line.alltoall(n) for n in (32, 64, 160, 256, 640, 1024, 4096)}
+    # from 0 at no bytes, through the measured sizes, to 0 at 4 x the largest
+    assert added == pytest.approx({32: 1.0, 64: 2.0, 160: 1.5, 256: 1.0, 640: 0.5, 1024: 0.0,
+                                   4096: 0.0})
+    # 0.5 at 64 B, 0 at 4 x 64 B
+    assert c.allreduce(128) - line.allreduce(128) == pytest.approx(0.5 * 2 / 3)
+    assert c.allgather(64) == line.allgather(64)  # a kind not measured adds nothing
+    # once per ring step: P-1 of them
+    four = replace(c, ranks=4)
+    assert four.alltoall(64) - replace(line, ranks=4).alltoall(64) == pytest.approx(6.0)
+    # the exchange's small dependent collectives pay it at each one; stock's one fused
+    # allreduce of a large model pays nothing
+    big = Profile("big", 16, (Layer("fc", 4.0, 8.0, 4 << 20, tensors=1,
+                                    dense=(1024, 1024)),))
+    fast = Cluster(ranks=2, bandwidth=1e9, cycle_s=0.0)
+    slow = replace(fast, small_excess=(("alltoall", ((64 << 10, 0.5),)),
+                                       ("allgather", ((64 << 10, 0.5),))))
+    assert simulate(big, "horovod", slow).step_s == simulate(big, "horovod", fast).step_s
+    assert (simulate(big, "sharded+exchange+rows", slow).step_s
+            > simulate(big, "sharded+exchange+rows", fast).step_s + 0.5)
+
+
 def test_validation_compares_stock_with_the_stock_model_and_skips_unprofiled_models(tmp_path):
-    local, stock = 0.6, 0.7
+    local, stock, exchange = 0.6, 0.7, 0.65
     bench = {"raw": {"config": {"model": "vgg", "net": "plain", "batch_size": 32},
                      "ranks": 2, "step_times": {"local": [local], "stock": [stock]}},
-             "strategies": {"stock": {"step_time_s": stock}, "local": {"step_time_s": local}}}
+             "strategies": {"stock": {"step_time_s": stock}, "local": {"step_time_s": local},
+                            "sharded+exchange+rows": {"step_time_s": exchange},
+                            "alexnet_plan": {"step_time_s": 1.0}}}
     unprofiled = {**bench, "raw": {**bench["raw"], "config": {**bench["raw"]["config"],
                                                               "model": "alexnet"}}}
     paths = [tmp_path / "b.json", tmp_path / "c.json"]
@@ -351,6 +410,10 @@ def test_validation_compares_stock_with_the_stock_model_and_skips_unprofiled_mod
     table, checks = validation_markdown(paths)
     by = {c.strategy: c for c in checks}
     assert by["stock"].measured == stock and by["stock"].predicted is not None
+    # every strategy the run measured: the exchange's predicted, one unknown not modelled
+    assert by["sharded+exchange+rows"].measured == exchange
+    assert by["sharded+exchange+rows"].predicted is not None
+    assert by["alexnet_plan"].predicted is None
     assert "c.json`: not validated" in table and all(c.model == "vgg" for c in checks)
 
 

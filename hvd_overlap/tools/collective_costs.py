@@ -9,12 +9,16 @@ initialised again between the two, in the same processes). Rank 0 fits (``fit``)
   transport's round trip, the op's dispatch;
 - ``cycle_period_s``: the same tiny allreduce with the job's cycle (Horovod's thread starts at
   most one round of collectives per cycle);
-- ``bandwidth``: bytes/s, from a straight-line fit of time against size over both runs, in ring
-  terms (a ring allreduce of n bytes moves 2 (P-1)/P n bytes per rank);
-- ``reduce_scatter_bandwidth`` / ``allgather_bandwidth``: the same fit for Horovod's
-  reduce-scatter and all-gather (n bytes in all; (P-1)/P n per rank on a ring);
+- ``bandwidth``: bytes/s, from a straight-line fit of time against size (1 MiB and more) over
+  both runs, in ring terms (a ring allreduce of n bytes moves 2 (P-1)/P n bytes per rank);
+- ``reduce_scatter_bandwidth`` / ``allgather_bandwidth``: the same fit (4 MiB and more) for
+  Horovod's reduce-scatter and all-gather (n bytes in all; (P-1)/P n per rank on a ring);
   ``alltoall_gather_bandwidth``: that all-gather done as an alltoall of the slice repeated P
   times (the sharded strategies' ``gather_with="alltoall"``);
+- ``small_excess_s``: per kind, what a collective of 64 KiB, 256 KiB and 1 MiB took beyond
+  ``overhead_s`` and its bytes at the kind's rate (the mean of both runs, none below 0): the
+  per-message costs of the transport that a line fitted on large collectives misses, which
+  a plan of many small dependent collectives pays at each one;
 - ``tensor_s``: the extra cost of each tensor of a grouped (fused) allreduce (64 against 1);
 - ``cpu_steal``: the share of compute throughput lost while allreduces run beside it (a
   matrix-multiply loop alone and beside back-to-back 16 MiB allreduces in another thread), and
@@ -38,8 +42,15 @@ from typing import Any
 
 #: the format of a calibration file (``hvd-overlap calibrate``, ``python -m benchmarks calibrate``)
 OVERHEADS_FORMAT = "hvd-overlap-overheads/1"
-SIZES = (4, 1 << 20, 4 << 20, 16 << 20, 32 << 20)  # bytes of float32 payload
-PHASE_SIZES = (4 << 20, 16 << 20, 32 << 20)  # reduce-scatter / all-gather sizes (bytes in all)
+#: sizes below the lines' (``LINE_FROM``): each kind's cost there, beyond its line, is kept
+SMALL_SIZES = (64 << 10, 256 << 10, 1 << 20)
+SIZES = (4, *SMALL_SIZES, 4 << 20, 16 << 20, 32 << 20)  # bytes of float32 payload
+#: reduce-scatter / all-gather sizes (bytes in all)
+PHASE_SIZES = (*SMALL_SIZES, 4 << 20, 16 << 20, 32 << 20)
+#: the smallest size of each kind's straight line (its rate): allreduce, then the others
+LINE_FROM = {"allreduce": 1 << 20, "phases": 4 << 20}
+#: the kinds whose costs are timed at every size
+KINDS = ("allreduce", "reduce_scatter", "allgather", "alltoall_gather")
 GROUP = 64  # tensors in the grouped allreduce that measures the per-tensor cost
 SHORT_CYCLE_MS = 0.1
 
@@ -171,29 +182,55 @@ def _slope(points: list[tuple[int, float]]) -> float:
     return sum((n - mx) * (t - my) for n, t in points) / sum((n - mx) ** 2 for n, _ in points)
 
 
-def fit(short: dict[str, Any], default: dict[str, Any]) -> dict[str, float]:
+def fit(short: dict[str, Any], default: dict[str, Any]) -> dict[str, Any]:
     """The simulator's parameters from a short-cycle and a default-cycle measurement."""
     big = [(int(n), v["wall_s"]) for m in (short, default) for n, v in m["sizes"].items()
-           if int(n) >= 1 << 20]  # both runs: the slope does not depend on the cycle
+           if int(n) >= LINE_FROM["allreduce"]]  # both runs: the slope does not depend on the cycle
     slope = _slope(big)
     ranks = default.get("ranks", 2)
     phase_bw = {}
-    for kind in ("reduce_scatter", "allgather", "alltoall_gather"):
+    for kind in KINDS[1:]:
         points = [(int(n), t) for m in (short, default)
-                  for n, t in m.get("phases", {}).get(kind, {}).items()]
+                  for n, t in m.get("phases", {}).get(kind, {}).items()
+                  if int(n) >= LINE_FROM["phases"]]
         if points:  # a ring moves (P-1)/P of the bytes per rank: bandwidth in those terms
             phase_bw[f"{kind}_bandwidth"] = (ranks - 1) / ranks / _slope(points)
     per_tensor = [max(m["grouped"][str(GROUP)] - m["grouped"]["1"], 0.0) / (GROUP - 1)
                   for m in (short, default)]
+    overhead = short["sizes"][str(min(int(n) for n in short["sizes"]))]["wall_s"]
+    bandwidth = 2 * (ranks - 1) / ranks / slope  # ring terms, as Cluster.allreduce
+    rates = {"allreduce": bandwidth, **{k: phase_bw[f"{k}_bandwidth"] for k in KINDS[1:]
+                                        if f"{k}_bandwidth" in phase_bw}}
+    excess = _small_excess((short, default), overhead, rates, ranks)
     return {
-        "overhead_s": short["sizes"][str(min(int(n) for n in short["sizes"]))]["wall_s"],
+        "overhead_s": overhead,
         "cycle_period_s": default["sizes"][str(min(int(n) for n in default["sizes"]))]["wall_s"],
-        "bandwidth": 2 * (ranks - 1) / ranks / slope,  # ring terms, as Cluster.allreduce
+        "bandwidth": bandwidth,
         **phase_bw,
         "tensor_s": statistics.fmean(per_tensor),
         "cpu_steal": default["steal"]["cpu_steal"],
         "comm_slowdown": default["steal"]["comm_slowdown"],
+        **({"small_excess_s": excess} if excess else {}),
     }
+
+
+def _small_excess(runs: tuple[dict[str, Any], ...], overhead: float, rates: dict[str, float],
+                  ranks: int) -> dict[str, dict[str, float]]:
+    """Per kind and size below the lines, the mean over ``runs`` of the time beyond
+    ``overhead`` and the bytes at the kind's rate (``rates``: bytes/s in ring terms, as
+    ``Cluster``'s: an allreduce moves 2 (P-1)/P of n, the others (P-1)/P), none below 0. Empty
+    for a calibration without small sizes."""
+    out: dict[str, dict[str, float]] = {}
+    for kind, rate in rates.items():
+        hops = 2 if kind == "allreduce" else 1
+        for n in SMALL_SIZES:
+            got = [m["sizes"].get(str(n), {}).get("wall_s") if kind == "allreduce"
+                   else m.get("phases", {}).get(kind, {}).get(str(n)) for m in runs]
+            if None in got:
+                continue
+            line = overhead + hops * (ranks - 1) / ranks * n / rate
+            out.setdefault(kind, {})[str(n)] = max(0.0, statistics.fmean(got) - line)
+    return out
 
 
 def check_file(doc: dict[str, Any], path: str) -> None:
@@ -239,9 +276,12 @@ def fit_line(f: dict[str, float]) -> str:
     phases = ", ".join(f"{k.split('_bandwidth')[0]} {f[k] / 1e6:.0f} MB/s" for k in
                        ("reduce_scatter_bandwidth", "allgather_bandwidth",
                         "alltoall_gather_bandwidth") if k in f)
+    small = ", ".join(f"{kind.split('_gather')[0]} {max(by_size.values()) * 1e3:.1f}"
+                      for kind, by_size in f.get("small_excess_s", {}).items())
     return (f"overhead {f['overhead_s'] * 1e3:.2f} ms, cycle {f['cycle_period_s'] * 1e3:.2f} "
             f"ms, allreduce {f['bandwidth'] / 1e6:.0f} MB/s" + (f", {phases}" if phases else "")
-            + f", {f['tensor_s'] * 1e6:.0f} us/tensor, cpu steal {f['cpu_steal']:.2f}")
+            + f", {f['tensor_s'] * 1e6:.0f} us/tensor, cpu steal {f['cpu_steal']:.2f}"
+            + (f"; below 4 MiB, up to ms beyond the line: {small}" if small else ""))
 
 
 def laws_line(laws: dict[str, Any]) -> str:

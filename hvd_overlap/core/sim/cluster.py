@@ -6,6 +6,10 @@ Collectives cost ring-algorithm time, growing with the number of ranks P:
 - reduce-scatter and all-gather: half of that each (together: one allreduce's bytes);
 - alltoall of a buffer of n bytes per rank (the dense factor exchange's inputs): each rank
   keeps 1/P and sends the rest, ``(P-1)/P n / bandwidth + (P-1) latency``;
+- a collective below a few MiB adds what the calibration measured beyond its line at that size
+  (``small_excess``: the transport's per-message costs, which a plan of many small dependent
+  collectives pays at each; interpolated between the sizes measured, from 0 at no bytes to 0
+  at ``4 x`` the largest, where the lines are fitted), once per ring step (P-1 of them);
 - every tensor adds ``tensor_s``; every cycle that carries work adds the negotiation,
   ``negotiation_s``. Both are their cost at P=2, grown with P by a law (``GROWTH_LAWS``:
   ``log2``, tree / recursive-doubling coordination, the negotiation's default; ``linear``, a
@@ -86,6 +90,10 @@ class Cluster:
     reduce_scatter_bandwidth: float | None = None
     allgather_bandwidth: float | None = None
     alltoall_bandwidth: float | None = None
+    #: per collective kind, ``((bytes, seconds), ...)`` at 2 ranks: what a collective of that
+    #: size took beyond the negotiation and its bytes at the kind's rate (``small_excess_s`` of
+    #: ``hvd-overlap calibrate``); empty: nothing beyond
+    small_excess: tuple[tuple[str, tuple[tuple[int, float], ...]], ...] = ()
 
     def __post_init__(self) -> None:
         if self.ranks < 1 or self.bandwidth <= 0:
@@ -119,23 +127,37 @@ class Cluster:
                 return lo_cost + (hi_cost - lo_cost) * (p - lo) / (hi - lo)
         return points[0][1] * growth(law, p) / growth(law, points[0][0])
 
+    def excess(self, kind: str, nbytes: float) -> float:
+        """Seconds a collective of ``kind`` and ``nbytes`` takes beyond its line
+        (``small_excess``, grown with the ring's P-1 steps)."""
+        points = dict(self.small_excess).get(kind)
+        if not points or self.ranks < 2:
+            return 0.0
+        curve = [(0.0, 0.0), *points, (4.0 * points[-1][0], 0.0)]
+        for (lo, lo_s), (hi, hi_s) in zip(curve, curve[1:], strict=False):
+            if nbytes <= hi:
+                return (self.ranks - 1) * (lo_s + (hi_s - lo_s) * (nbytes - lo) / (hi - lo))
+        return 0.0
+
     def allreduce(self, nbytes: float) -> float:
         """Ring allreduce seconds."""
         p = self.ranks
-        return 2 * (p - 1) / p * nbytes / self.bandwidth + 2 * (p - 1) * self.latency
+        return (2 * (p - 1) / p * nbytes / self.bandwidth + 2 * (p - 1) * self.latency
+                + self.excess("allreduce", nbytes))
 
     def reduce_scatter(self, nbytes: float) -> float:
         """Ring reduce-scatter seconds (each rank ends with the sum of 1/P of the data)."""
-        return self._half_ring(nbytes, self.reduce_scatter_bandwidth)
+        return (self._half_ring(nbytes, self.reduce_scatter_bandwidth)
+                + self.excess("reduce_scatter", nbytes))
 
     def allgather(self, nbytes: float) -> float:
         """Ring all-gather seconds of ``nbytes`` in total (1/P from each rank)."""
-        return self._half_ring(nbytes, self.allgather_bandwidth)
+        return self._half_ring(nbytes, self.allgather_bandwidth) + self.excess("allgather", nbytes)
 
     def alltoall(self, nbytes: float) -> float:
         """Pairwise alltoall seconds of a buffer of ``nbytes`` on each rank (it keeps 1/P and
         sends 1/P to each other rank: P-1 steps)."""
-        return self._half_ring(nbytes, self.alltoall_bandwidth)
+        return self._half_ring(nbytes, self.alltoall_bandwidth) + self.excess("alltoall", nbytes)
 
     def _half_ring(self, nbytes: float, bandwidth: float | None) -> float:
         p = self.ranks

@@ -14,6 +14,9 @@ uses instead of assumed ones.
   nearest calibrated rank count (Gloo's all-gather runs at half the rate at 2 ranks and near
   its ring rate from 3). A rate the repository never calibrated is predicted with the shares
   measured at the nearest calibrated rate.
+- **Small collectives' extra cost** (``small_excess_s``: what a collective below a few MiB took
+  beyond the line, per kind and size) is the 2-rank calibration's; the simulator grows it with
+  the ring's P-1 steps (``Cluster.excess``).
 - **Host effects** (``cpu_steal``, ``comm_slowdown``: communication and compute on the same
   cores) are the ones measured at the nearest calibrated rank count: they describe this
   machine's cores, not the network.
@@ -78,7 +81,18 @@ def fit_laws(by_ranks: Mapping[int, Mapping[str, float]], rate: float | None) ->
             laws[name] = {"by_ranks": have}
     for name in HOST:
         laws[name] = {"by_ranks": {p: f[name] for p, f in by_ranks.items()}}
+    if "small_excess_s" in by_ranks[2]:
+        laws["small_excess_s"] = by_ranks[2]["small_excess_s"]
     return laws
+
+
+def small_excess(measured: Mapping[str, Mapping[str, float]] | None
+                 ) -> tuple[tuple[str, tuple[tuple[int, float], ...]], ...]:
+    """A calibration's ``small_excess_s`` (kind -> bytes as text -> seconds) as
+    ``Cluster.small_excess`` (the simulator's kind names, sizes in order)."""
+    return tuple(("alltoall" if kind == "alltoall_gather" else kind,
+                  tuple(sorted((int(n), s) for n, s in by_size.items())))
+                 for kind, by_size in sorted((measured or {}).items()))
 
 
 def _nearest(table: Mapping[Any, float], ranks: int) -> float:
@@ -100,6 +114,7 @@ def cluster_fields(laws: Mapping[str, Any], ranks: int, rate: float | None) -> d
                                                    key=lambda kv: int(kv[0]))),
         "cpu_steal": _nearest(laws["cpu_steal"]["by_ranks"], ranks),
         "comm_slowdown": max(_nearest(laws["comm_slowdown"]["by_ranks"], ranks), 1.0),
+        "small_excess": small_excess(laws.get("small_excess_s")),
     }
     for name in RATES:
         law = laws.get(name)

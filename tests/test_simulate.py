@@ -100,34 +100,39 @@ def test_sharded_hybrid_by_hand():
     out = run_step(tasks, reqs, c)
     done = out["done"]
     # half the bytes: only a (bucket 2) waits for the next step: all-gathered 0-0.5, forward
-    # a 0.5-0.75, b 0.75-1.0, c 1.0-1.25 without waiting; backward c 1.25-2.25, reduce-scatter
-    # c 2.25-2.75. c's slice is updated at once (2.75-2.85, backward b paused), c's all-gather
-    # 2.85-3.35 while backward b ends at 3.35; reduce-scatter b 3.35-3.85, update 3.85-3.95
-    # (backward a paused), all-gather b 3.95-4.45 while backward a ends at 4.45; reduce-scatter
-    # a 4.45-4.95, its update after backprop 4.95-5.05.
-    assert done == pytest.approx({"allgather bucket 2": 0.5, "reduce_scatter bucket 0": 2.75,
-                                  "allgather bucket 0": 3.35, "reduce_scatter bucket 1": 3.85,
-                                  "allgather bucket 1": 4.45, "reduce_scatter bucket 2": 4.95})
+    # a 0.5-0.75, b 0.75-1.0, c 1.0-1.25 without waiting. Backward c: its weights' part
+    # 1.25-1.5, then reduce-scatter c 1.5-2.0 under its inputs' part; c's slice is updated at
+    # once (2.0-2.1, the inputs' part paused), c's all-gather 2.1-2.6 while that part ends
+    # (2.35) and b's weights' part runs (2.35-2.6); reduce-scatter b 2.6-3.1, update 3.1-3.2,
+    # all-gather b 3.2-3.7 while b's inputs' part ends (3.45); backward a (the first layer: no
+    # input gradient, one part) 3.45-4.45; reduce-scatter a 4.45-4.95, its update after
+    # backprop 4.95-5.05.
+    assert done == pytest.approx({"allgather bucket 2": 0.5, "reduce_scatter bucket 0": 2.0,
+                                  "allgather bucket 0": 2.6, "reduce_scatter bucket 1": 3.1,
+                                  "allgather bucket 1": 3.7, "reduce_scatter bucket 2": 4.95})
     assert out["end"] == pytest.approx(5.05)
     # output-side all-gathers finish in backprop (by 4.45), the input-side one in the forward
     assert done["allgather bucket 1"] <= 4.45 + 1e-9 and done["allgather bucket 2"] == 0.5
     # sharded: every all-gather chained at the start (0-0.5, 0.5-1, 1-1.5), forward a
-    # 0.5-0.75, b 1-1.25, c 1.5-1.75; backward 1.75-4.75; reduce-scatters 2.75-3.25,
-    # 3.75-4.25, 4.75-5.25; updates c, b 4.75-4.95, a 5.25-5.35
+    # 0.5-0.75, b 1-1.25, c 1.5-1.75; backward 1.75-4.75 (c's and b's weights' parts end at
+    # 2.0 and 3.0); reduce-scatters 2.0-2.5, 3.0-3.5, 4.75-5.25; updates c, b 4.75-4.95, a
+    # 5.25-5.35
     assert step(THREE, "sharded", bucket_bytes=100) == pytest.approx(5.35)
     # every bucket deferred: sharded_hybrid is sharded; no bucket deferred: all in backprop
     for defer in (3, 10, -1):
         assert simulate(THREE, "sharded_hybrid", c, defer=defer).step_s == pytest.approx(5.35)
     assert simulate(THREE, "sharded", c, defer=1).step_s == pytest.approx(5.05)
-    # defer=0: forward 0-0.75 without waiting, backward 0.75-3.95 (0.2 s of updates inside),
-    # reduce-scatter a 3.95-4.45, update 4.45-4.55, all-gather a 4.55-5.05
+    # defer=0: forward 0-0.75 without waiting, backward 0.75-3.95 (0.2 s of updates inside;
+    # c's and b's reduce-scatters and all-gathers under it), reduce-scatter a 3.95-4.45, update
+    # 4.45-4.55, all-gather a 4.55-5.05
     r = simulate(THREE, "sharded_hybrid", c, defer=0)
     assert r.step_s == pytest.approx(5.05) and r.collectives == 6
 
 
 def test_cycles_and_negotiation():
-    # cycles every 0.5 s, 0.1 s negotiation: b ready at 4.0 (a cycle starts then): 4.1-5.1;
-    # next cycles at 5.1, 5.6, 6.1 -> a 6.2-7.2
+    # cycles every 0.5 s, 0.1 s negotiation: b's gradient ready after its weights' part, at 3.0
+    # (a cycle starts then): 3.1-4.1; next cycles at 4.6, 5.1, 5.6, 6.1 -> a (ready at 6.0)
+    # 6.2-7.2
     assert step(TWO, "horovod", cycle_s=0.5, negotiation_s=0.1) == pytest.approx(7.2)
 
 
@@ -150,10 +155,24 @@ def test_cycle_fusion():
 
 
 def test_cpu_steal_and_comm_slowdown():
-    # b's allreduce (4-5) overlaps a's backward (4-6)
-    assert step(TWO, "horovod", cpu_steal=0.5) == pytest.approx(7.5)      # bwd a ends 6.5
-    assert step(TWO, "horovod", comm_slowdown=2.0) == pytest.approx(7.0)  # b's ends at 6
+    # b's allreduce (3-4) overlaps b's inputs' part of the backward (3-4), then a's (4-6)
+    assert step(TWO, "horovod", cpu_steal=0.5) == pytest.approx(7.5)      # bwd a 4.5-6.5
+    assert step(TWO, "horovod", comm_slowdown=2.0) == pytest.approx(7.0)  # b's ends at 5
+    # both: b's inputs' part and its allreduce at half speed, 3-5; a 5-7, its allreduce 7-8
     assert step(TWO, "horovod", cpu_steal=0.5, comm_slowdown=2.0) == pytest.approx(8.0)
+
+
+def test_a_layers_gradient_travels_under_its_input_gradient():
+    """A layer's backward computes its weight gradient first (the forward's FLOPs), then its
+    input gradient: the gradient's collective is issued between the two. The first layer
+    computes no input gradient."""
+    tasks, reqs = build_step(TWO, "horovod", cluster())
+    assert [t.label for t in tasks[:4]] == ["forward a", "forward b", "backward b weights",
+                                            "backward b inputs"]
+    assert tasks[2].work == 1.0 and tasks[3].work == 1.0 and tasks[4].label == "backward a"
+    out = run_step(tasks, reqs, cluster())
+    # forward 0-2; b's weights 2-3, its allreduce 3-4 under b's inputs (3-4); a 4-6, 6-7
+    assert out["done"] == pytest.approx({"allreduce b": 4.0, "allreduce a": 7.0})
 
 
 def test_sharded_sends_the_bytes_of_one_allreduce_and_updates_a_shard():
@@ -427,9 +446,9 @@ FC = Profile("fc", 1, (Layer("x", 1.0, 1.0), Layer("fc", 1.0, 2.0, 4 * 32, tenso
 
 def test_exchange_step_by_hand():
     c = cluster(bandwidth=8.0)  # P=2: 16 B of any collective's share take 1 s
-    # sharded: all-gather of the 128 B kernel 0-8, forward x 0-1, fc 8-9, backward fc 9-11,
-    # x 11-12; reduce-scatter 11-19
-    assert simulate(FC, "sharded", c).step_s == pytest.approx(19.0)
+    # sharded: all-gather of the 128 B kernel 0-8, forward x 0-1, fc 8-9, backward fc: its
+    # weights' part 9-10, its inputs' 10-11, x 11-12; reduce-scatter 10-18
+    assert simulate(FC, "sharded", c).step_s == pytest.approx(18.0)
     tasks, reqs = build_step(FC, "sharded+exchange", c)
     out = run_step(tasks, reqs, c)
     # exchange: as fc's backward starts (9) its input (alltoall of 32 B) 9-11 and output errors

@@ -8,6 +8,11 @@ during backprop; the ``forward``-phase ones all-gathered at the step's start, th
 updated as soon as reduce-scattered -- an *eager* task that pauses backprop -- and all-gathered
 right after), and the sharded plans with the dense factor exchange.
 
+A layer's backward runs in two parts: its weight gradients (a GEMM with the forward's FLOPs),
+whose collectives are issued then, and its input gradient, under which they travel
+(TensorFlow computes a dense layer's kernel gradient before its input gradient: measured in
+Horovod's timeline, docs/batch_growth.md); the first layer computes no input gradient.
+
 ``deferred`` buckets and the deferred all-gathers carry the previous step's gradients /
 parameters, so the step is the same every time.
 
@@ -44,6 +49,8 @@ class _Backward:
     waits: tuple[int, ...]
     issues: tuple[int, ...] = ()
     below: tuple[int, ...] = ()  # what the layer below's backward waits for
+    grads: tuple[int, ...] = ()  # the gradients' collectives: issued once the weights' part ran
+    split: bool = True  # the weights' part first (False: its GEMM already runs elsewhere)
 
 
 @dataclass
@@ -106,7 +113,17 @@ class _Step:
             for hook in hooks:
                 hook(i, la, back)
             below = back.below
-            self.tasks.append(Task(f"backward {la.name}", back.work, back.waits, back.issues))
+            # the weight gradients first (their GEMM has the forward's FLOPs), their collectives
+            # issued before the input gradient's part; the first layer computes no input gradient
+            weights = min(la.forward_s, back.work)
+            if back.grads and back.split and i > 0 and 0 < weights < back.work:
+                self.tasks.append(Task(f"backward {la.name} weights", weights, back.waits,
+                                       back.grads))
+                self.tasks.append(Task(f"backward {la.name} inputs", back.work - weights, (),
+                                       back.issues))
+            else:
+                self.tasks.append(Task(f"backward {la.name}", back.work, back.waits,
+                                       back.grads + back.issues))
 
 
 def _by_first_layer(buckets: Iterable[StepBucket]) -> dict[int, list[StepBucket]]:
@@ -131,7 +148,7 @@ def horovod_step(st: _Step, buckets: Sequence[StepBucket]) -> None:
         if la.grad_bytes:
             rid = st.request(kind="allreduce", nbytes=la.grad_bytes, tensors=max(la.tensors, 1),
                              label=f"allreduce {la.name}", fusable=True)
-            back.issues += (rid,)
+            back.grads += (rid,)
             st.post.append(Task(f"update {la.name}", la.grad_bytes * per_byte, (rid,)))
 
     st.backward(fused)
@@ -149,7 +166,7 @@ def allreduce_step(st: _Step, buckets: Sequence[StepBucket]) -> None:
         for b in ready_at.get(i, ()):
             rid = st.request(kind="allreduce", nbytes=b.nbytes, tensors=b.tensors,
                              label=f"allreduce bucket {b.index}")
-            back.issues += (rid,)
+            back.grads += (rid,)
             st.post.append(Task(f"update bucket {b.index}", b.update_s, (rid,)))
 
     st.backward(reduce)
@@ -181,7 +198,7 @@ def _sharded(st: _Step, buckets: Sequence[StepBucket], exchange: bool) -> None:
         for b in ready_at.get(i, ()):
             rid = st.request(kind="reduce_scatter", nbytes=b.nbytes, tensors=b.tensors,
                              label=f"reduce_scatter bucket {b.index}")
-            back.issues += (rid,)
+            back.grads += (rid,)
             if b.index in late_index:  # all-gathered at the next step's start
                 st.post.append(Task(f"update bucket {b.index}", b.update_s / ranks, (rid,)))
             else:  # updated as soon as reduce-scattered, then all-gathered in this backprop
@@ -212,6 +229,7 @@ def _exchange_layer(st: _Step, b: StepBucket, i: int, la: Layer, back: _Backward
     st.tasks[-1].issues += got  # the previous task produced this layer's output errors
     rows_s = min(la.forward_s, back.work)  # the kernel-gradient GEMM: the forward's FLOPs
     back.work -= rows_s
+    back.split = False  # what is left is the input gradient's part
     if b.rows_forward:  # then this rank's rows and dx columns
         back.waits += got
         st.eager.append(Task(f"gradient rows bucket {b.index}", rows_s, got, eager=True))

@@ -40,6 +40,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from hvd_overlap.core.sim.cluster import Cluster
+
 #: the format of a calibration file (``hvd-overlap calibrate``, ``python -m benchmarks calibrate``)
 OVERHEADS_FORMAT = "hvd-overlap-overheads/1"
 #: sizes below the lines' (``LINE_FROM``): each kind's cost there, beyond its line, is kept
@@ -199,9 +201,12 @@ def fit(short: dict[str, Any], default: dict[str, Any]) -> dict[str, Any]:
                   for m in (short, default)]
     overhead = short["sizes"][str(min(int(n) for n in short["sizes"]))]["wall_s"]
     bandwidth = 2 * (ranks - 1) / ranks / slope  # ring terms, as Cluster.allreduce
-    rates = {"allreduce": bandwidth, **{k: phase_bw[f"{k}_bandwidth"] for k in KINDS[1:]
-                                        if f"{k}_bandwidth" in phase_bw}}
-    excess = _small_excess((short, default), overhead, rates, ranks)
+    excess = _small_excess((short, default), overhead, Cluster(
+        ranks=ranks, bandwidth=bandwidth,
+        reduce_scatter_bandwidth=phase_bw.get("reduce_scatter_bandwidth"),
+        allgather_bandwidth=phase_bw.get("allgather_bandwidth"),
+        alltoall_bandwidth=phase_bw.get("alltoall_gather_bandwidth")),
+        [k for k in KINDS if k == "allreduce" or f"{k}_bandwidth" in phase_bw])
     return {
         "overhead_s": overhead,
         "cycle_period_s": default["sizes"][str(min(int(n) for n in default["sizes"]))]["wall_s"],
@@ -214,22 +219,20 @@ def fit(short: dict[str, Any], default: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _small_excess(runs: tuple[dict[str, Any], ...], overhead: float, rates: dict[str, float],
-                  ranks: int) -> dict[str, dict[str, float]]:
-    """Per kind and size below the lines, the mean over ``runs`` of the time beyond
-    ``overhead`` and the bytes at the kind's rate (``rates``: bytes/s in ring terms, as
-    ``Cluster``'s: an allreduce moves 2 (P-1)/P of n, the others (P-1)/P), none below 0. Empty
-    for a calibration without small sizes."""
+def _small_excess(runs: tuple[dict[str, Any], ...], overhead: float, line: Cluster,
+                  kinds: list[str]) -> dict[str, dict[str, float]]:
+    """Per kind of ``kinds`` and size below the lines, the mean over ``runs`` of the time beyond
+    ``overhead`` and the collective's cost on ``line`` (the fitted rates, nothing else), none
+    below 0. Empty for a calibration without small sizes."""
     out: dict[str, dict[str, float]] = {}
-    for kind, rate in rates.items():
-        hops = 2 if kind == "allreduce" else 1
+    for kind in kinds:
         for n in SMALL_SIZES:
             got = [m["sizes"].get(str(n), {}).get("wall_s") if kind == "allreduce"
                    else m.get("phases", {}).get(kind, {}).get(str(n)) for m in runs]
             if None in got:
                 continue
-            line = overhead + hops * (ranks - 1) / ranks * n / rate
-            out.setdefault(kind, {})[str(n)] = max(0.0, statistics.fmean(got) - line)
+            cost = line.collective("alltoall" if kind == "alltoall_gather" else kind, n)
+            out.setdefault(kind, {})[str(n)] = max(0.0, statistics.fmean(got) - overhead - cost)
     return out
 
 

@@ -159,6 +159,12 @@ class Cluster:
         sends 1/P to each other rank: P-1 steps)."""
         return self._half_ring(nbytes, self.alltoall_bandwidth) + self.excess("alltoall", nbytes)
 
+    def collective(self, kind: str, nbytes: float) -> float:
+        """Seconds of one collective of ``kind`` (``allreduce``, ``reduce_scatter``,
+        ``allgather``, ``alltoall``) carrying ``nbytes``."""
+        return {"allreduce": self.allreduce, "reduce_scatter": self.reduce_scatter,
+                "allgather": self.allgather, "alltoall": self.alltoall}[kind](nbytes)
+
     def _half_ring(self, nbytes: float, bandwidth: float | None) -> float:
         p = self.ranks
         return (p - 1) / p * nbytes / (bandwidth or self.bandwidth) + (p - 1) * self.latency

@@ -48,10 +48,8 @@ class Task:
 
 def _cost(cluster: Cluster, reqs: Sequence[Request]) -> float:
     """Seconds of one collective carrying ``reqs`` (fused if several)."""
-    nbytes = sum(r.nbytes for r in reqs)
-    ring = {"allreduce": cluster.allreduce, "reduce_scatter": cluster.reduce_scatter,
-            "allgather": cluster.allgather, "alltoall": cluster.alltoall}[reqs[0].kind]
-    return ring(nbytes) + cluster.per_tensor() * sum(r.tensors for r in reqs)
+    return (cluster.collective(reqs[0].kind, sum(r.nbytes for r in reqs))
+            + cluster.per_tensor() * sum(r.tensors for r in reqs))
 
 
 def _responses(cluster: Cluster, ready: list[int], reqs: Sequence[Request]) -> list[list[int]]:

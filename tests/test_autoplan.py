@@ -208,6 +208,15 @@ def test_a_dense_kernel_seen_with_its_batch_prices_the_exchange_candidates():
     assert x.simulated == "sharded+exchange+rows" and x.kind == "sharded+exchange"
     assert x.keywords() == {"strategy": "sharded", "bucket_bytes": MIB, "exchange": "auto",
                             "exchange_forward": "rows"}
+    # and sharded with only the dense kernels sharded, each way (not sharded_hybrid: with the
+    # rest allreduced in backprop, its split would only move the kernels' gathers)
+    dense = {(c.strategy, c.exchange) for c in cands if c.shard == "dense"}
+    assert dense == {("sharded", "rows"), ("sharded", "gather")}
+    d = Candidate("sharded", MIB, exchange="rows", shard="dense")
+    assert d.simulated == "sharded+exchange+rows+shard=dense"
+    assert d.kind == "sharded+exchange+shard=dense" != x.kind  # a trial of its own
+    assert d.keywords() == {**x.keywords(), "shard": "dense"}
+    assert "only the dense kernels sharded" in d.describe()
     slow = Cluster(ranks=2, bandwidth=1e6)  # stock's wire: 1.06 s of a 1.2 s step
     fitted = autoplan.fit_compute(seen, slow, Candidate("horovod"), 1.2)
     gather = Candidate("sharded", MIB, exchange="gather")

@@ -21,7 +21,7 @@ from hvd_overlap.core.exchange import (
     row_sizes,
     split_exchangeable,
 )
-from hvd_overlap.core.plan import EXCHANGE, EXCHANGE_ROWS, FORWARD, VarSpec
+from hvd_overlap.core.plan import ALLREDUCE, BACKWARD, EXCHANGE, EXCHANGE_ROWS, FORWARD, VarSpec
 from hvd_overlap.core.sharding import join_slices, own_slice, partition
 from hvd_overlap.core.strategies import PlanOptions, get_strategy
 
@@ -109,6 +109,34 @@ def test_kernels_get_row_buckets_and_biases_do_not_travel_alone():
     plain = get_strategy("sharded").build_plan(specs(), PlanOptions(1 << 20))
     assert not any(b.rows for b in plain.buckets)
     assert split_exchangeable(plain) != plain  # exchangeable kernels do get split when asked
+
+
+def test_shard_dense_keeps_only_the_kernels_sliced():
+    """``shard="dense"``: every bucket but the dense kernels' row buckets allreduced during
+    backprop and not cut (``whole``: every rank owns all of it); without the exchange it is
+    refused, naming the fix."""
+    options = PlanOptions(1 << 20, exchange=AUTO, ranks=2, shard="dense")
+    plan = get_strategy("sharded").build_plan(specs(), options)
+    rows = [b for b in plan.buckets if b.rows]
+    whole = [b for b in plan.buckets if not b.rows]
+    assert [b.variables[0].name for b in rows] == ["d/kernel:0", "o/kernel:0"]
+    assert all(b.phase == FORWARD and not b.whole for b in rows)
+    assert whole and all(b.whole and b.collective == ALLREDUCE and b.phase == BACKWARD
+                         for b in whole)
+    layout = partition(plan, 2)
+    for b in layout.buckets:
+        assert (b.shard_size, b.padding, b.owned(1)) == ((b.total, 0, (0, b.total)) if b.whole
+                                                         else (b.shard_size, 0, b.owned(1)))
+        if b.whole:
+            arrays = {s.index: np.full(s.shape, s.index, "float32") for s in b.segments}
+            assert np.array_equal(own_slice(b, arrays, 1), own_slice(b, arrays, 0))
+    assert "none" in layout.describe()  # a whole bucket is never gathered
+    everything = get_strategy("sharded").build_plan(specs(), PlanOptions(1 << 20, exchange=AUTO,
+                                                                         ranks=2))
+    assert not any(b.whole for b in everything.buckets)
+    assert everything.signature() != plan.signature()
+    with pytest.raises(ValueError, match="add exchange="):
+        get_strategy("sharded").build_plan(specs(), PlanOptions(1 << 20, shard="dense"))
 
 
 def test_label_exchange_per_layer_with_bytes():

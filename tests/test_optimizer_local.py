@@ -130,6 +130,8 @@ def test_a_setting_the_strategy_object_lacks_cannot_be_written():
     (hvdo.Sharded(exchange=hvdo.Exchange(forward="rows"), gather_with="alltoall"),
      {"strategy": "sharded", "exchange": "auto", "exchange_forward": "rows",
       "gather_with": "alltoall"}),
+    (hvdo.Sharded(exchange=hvdo.Exchange(), shard="dense"),
+     {"strategy": "sharded", "exchange": "auto", "shard": "dense"}),
     (hvdo.Hybrid(bucket_bytes=1 << 20, defer=1, ordered=True),
      {"strategy": "hybrid", "bucket_bytes": 1 << 20, "defer": 1, "ordered": True}),
     (hvdo.ShardedHybrid(bucket_bytes="auto"), {"strategy": "sharded_hybrid",

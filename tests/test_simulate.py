@@ -461,6 +461,32 @@ def test_exchange_step_by_hand():
     assert [r.kind for r in reqs] == ["allgather", "alltoall", "allgather"]
 
 
+def test_only_the_dense_kernels_sharded_by_hand():
+    """``shard="dense"``: x's weights are allreduced whole in backprop and updated on every
+    rank (all of its update, eagerly); only fc's kernel is exchanged and gathered."""
+    xfc = Profile("xfc", 1, (Layer("x", 1.0, 1.0, 32, tensors=1), FC.layers[1]), update_s=1.6)
+    c = cluster(bandwidth=8.0)  # P=2: 16 B of any collective's share take 1 s
+    tasks, reqs = build_step(xfc, "sharded+exchange+shard=dense", c)
+    out = run_step(tasks, reqs, c)
+    # all-gather of fc's 128 B kernel 0-8; forward x 0-1 (nothing to wait for), fc 8-9;
+    # backward fc (no kernel GEMM) 9-10, x 10-11; inputs 9-11, errors 11-13, kernel rows
+    # 13-14; x's allreduce of 32 B (twice a share) 13-17, then its update (32 of the 160 B'
+    # 1.6 s, whole: 0.32 s) 17-17.32
+    assert [r.kind for r in reqs] == ["allgather", "alltoall", "allgather", "allreduce"]
+    assert out["done"] == pytest.approx({"allgather bucket 1": 8.0,
+                                         "alltoall inputs bucket 1": 11.0,
+                                         "allgather errors bucket 1": 13.0,
+                                         "allreduce bucket 0": 17.0})
+    assert out["end"] == pytest.approx(17.32)
+    # every bucket sharded: x's slice all-gathered first at the step's start (0-2), fc's 2-10;
+    # backward 11-13, inputs 11-13, errors 13-15, x reduce-scattered 15-17, its slice's
+    # update (0.16 s) 17-17.16
+    tasks, reqs = build_step(xfc, "sharded+exchange", c)
+    assert [r.kind for r in reqs] == ["allgather", "allgather", "alltoall", "allgather",
+                                      "reduce_scatter"]
+    assert run_step(tasks, reqs, c)["end"] == pytest.approx(17.16)
+
+
 def test_exchange_wire_bytes_are_the_shapes():
     shape = DenseShape(8, 4, batch=1)
     for p in (2, 4):  # it pays while 1 x (8 + 4 P) < 32

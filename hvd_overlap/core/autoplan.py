@@ -5,7 +5,8 @@ ranks the candidates, and measures the first ones (``trial_order``) before keepi
 (``pick``).
 
 Family ``every`` (``strategy="auto"`` with an optimizer that can be sharded): every plan below,
-the sharded ones also with the dense factor exchange. Family ``whole`` (``strategy="auto"``
+the sharded ones also with the dense factor exchange (``sharded`` with it also sharding only the
+dense kernels, the other buckets allreduced whole). Family ``whole`` (``strategy="auto"``
 where sharding cannot run): plans that keep the optimizer state whole -- stock Horovod's own
 fusion (``horovod``), ``layerwise``, ``hybrid`` and ``deferred``, each at several bucket sizes,
 ``hybrid`` at several split points. In both, stock's path is always a candidate, so the
@@ -21,8 +22,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from hvd_overlap.core.plan import VarSpec, build_layerwise_plan, fmt_bytes, input_side_share
-from hvd_overlap.core.sim.plans import EXCHANGE_SUFFIX
+from hvd_overlap.core.sim.plans import DENSE_SUFFIX, EXCHANGE_SUFFIX
 from hvd_overlap.core.simulate import Cluster, Layer, Profile, StepResult, _specs, simulate
+from hvd_overlap.core.strategies import SHARD_ALL, SHARD_DENSE
 from hvd_overlap.core.trial import MARGIN
 
 MIB = 2**20
@@ -48,23 +50,34 @@ class Candidate:
     #: sharded plans: how an exchanged dense kernel's forward gets its weights (``rows`` or
     #: ``gather``, the exchange deciding per kernel whether to carry it); None: no exchange
     exchange: str | None = None
+    #: with the exchange: which buckets are sharded (``SHARD_DENSE``: the exchange's kernels
+    #: only, the other buckets allreduced whole)
+    shard: str = SHARD_ALL
 
     def describe(self) -> str:
         if self.strategy == "horovod":
             return "horovod (stock fusion)"
         text = f"{self.strategy}, {fmt_bytes(self.bucket_bytes)} buckets"
         text += f", defer {self.defer}" if self.defer is not None else ""
-        return text + (f", exchange ({self.exchange})" if self.exchange else "")
+        if self.exchange:
+            text += f", exchange ({self.exchange})"
+        return text + (", only the dense kernels sharded" if self.shard != SHARD_ALL else "")
+
+    @property
+    def _dense(self) -> str:
+        return DENSE_SUFFIX if self.shard != SHARD_ALL else ""
 
     @property
     def kind(self) -> str:
         """The strategy, with the exchange if any: trials compare one of each kind."""
-        return self.strategy + (EXCHANGE_SUFFIX if self.exchange else "")
+        return self.strategy + (EXCHANGE_SUFFIX if self.exchange else "") + self._dense
 
     @property
     def simulated(self) -> str:
         """The simulator's name of this plan (``sharded+exchange+rows``)."""
-        return self.strategy + (f"{EXCHANGE_SUFFIX}+{self.exchange}" if self.exchange else "")
+        if not self.exchange:
+            return self.strategy
+        return f"{self.strategy}{EXCHANGE_SUFFIX}+{self.exchange}{self._dense}"
 
     def keywords(self) -> dict[str, object]:
         """``DistributedOptimizer`` keywords that build this plan."""
@@ -75,6 +88,8 @@ class Candidate:
             kw["defer"] = self.defer
         if self.exchange:
             kw.update(exchange="auto", exchange_forward=self.exchange)
+        if self.shard != SHARD_ALL:
+            kw["shard"] = self.shard
         return kw
 
 
@@ -110,7 +125,8 @@ def candidates(profile: Profile, bucket_sizes: Sequence[int] = BUCKET_SIZES,
     """Every candidate for this profile: ``hybrid`` / ``sharded_hybrid`` at each bucket size
     and split (a quarter, half, three quarters of the bytes deferred), the others at each
     bucket size; ``exchange``: the sharded ones also with the dense factor exchange (each way
-    of ``EXCHANGE_FORWARDS``), where the profile has a dense layer."""
+    of ``EXCHANGE_FORWARDS``), where the profile has a dense layer, and ``sharded`` with it
+    sharding only the dense kernels (``shard="dense"``)."""
     ways: tuple[str | None, ...] = (None,)
     if exchange and any(la.dense for la in profile.layers):
         ways += EXCHANGE_FORWARDS
@@ -124,6 +140,8 @@ def candidates(profile: Profile, bucket_sizes: Sequence[int] = BUCKET_SIZES,
             for size in bucket_sizes:
                 if name not in _SPLIT:
                     out.append(Candidate(name, size, exchange=way))
+                    if way is not None:  # and only its dense kernels sharded
+                        out.append(Candidate(name, size, exchange=way, shard=SHARD_DENSE))
                     continue
                 nbytes = [b.nbytes for b in build_layerwise_plan(specs, size).buckets] \
                     if specs else []

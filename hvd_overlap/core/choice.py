@@ -21,7 +21,7 @@ from typing import ClassVar
 
 from hvd_overlap.core.exchange import ALWAYS, AUTO, FORWARD_MODES, NEVER
 from hvd_overlap.core.plan import DEFAULT_BUCKET_BYTES, GATHER_METHODS
-from hvd_overlap.core.strategies import PlanOptions
+from hvd_overlap.core.strategies import SHARD_ALL, SHARD_DENSE, SHARD_MODES, PlanOptions
 
 BucketBytes = int | str  # bytes, or "auto"
 Defer = int | str | None  # input-side buckets deferred; None: half the bytes; "auto": chosen
@@ -87,7 +87,7 @@ class Strategy:
             gather_with=getattr(self, "gather_with", GATHER_METHODS[0]),
             exchange=exchange.layers if exchange else NEVER,
             exchange_forward=exchange.forward if exchange else AUTO,
-            ranks=ranks)
+            ranks=ranks, shard=getattr(self, "shard", SHARD_ALL))
 
     def keywords(self) -> dict[str, object]:
         """The ``DistributedOptimizer`` keywords besides ``strategy=self.name`` that make this
@@ -116,6 +116,8 @@ class Strategy:
             out.append("exchange" if exchange.layers == AUTO else f"exchange={exchange.layers}")
             if exchange.forward != AUTO:
                 out.append(exchange.forward)
+        if getattr(self, "shard", SHARD_ALL) != SHARD_ALL:
+            out.append(f"shard={self.shard}")  # type: ignore[attr-defined]
         if getattr(self, "gather_with", GATHER_METHODS[0]) != GATHER_METHODS[0]:
             out.append(self.gather_with)  # type: ignore[attr-defined]
         size = getattr(self, "bucket_bytes", DEFAULT_BUCKET_BYTES)
@@ -196,13 +198,16 @@ class Hybrid(_Bucketed):
 class Sharded(_Bucketed):
     """Reduce-scatter during backprop, update one's 1/P slice, all-gather the slices in the
     next forward (``gather_with``: ``"allgather"`` or ``"alltoall"``), optionally with the dense
-    factor ``exchange``."""
+    factor ``exchange``. ``shard="dense"`` (with the exchange): only the dense kernels the
+    exchange may carry are sharded; every other bucket is allreduced during backprop and
+    updated whole on every rank, as ``Layerwise``."""
 
     name: ClassVar[str] = "sharded"
     defers: ClassVar[bool] = True
     shards: ClassVar[bool] = True
     gather_with: str = GATHER_METHODS[0]
     exchange: Exchange | None = None
+    shard: str = SHARD_ALL
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -211,6 +216,11 @@ class Sharded(_Bucketed):
                              f"{' or '.join(GATHER_METHODS)}")
         if self.exchange is not None and not isinstance(self.exchange, Exchange):
             raise TypeError(f"exchange must be an Exchange(...) or None, got {self.exchange!r}")
+        if self.shard not in SHARD_MODES:
+            raise ValueError(f"shard={self.shard!r}: choose {' or '.join(SHARD_MODES)}")
+        if self.shard == SHARD_DENSE and self.exchange is None:
+            raise ValueError("shard='dense' shards the dense kernels the exchange carries: "
+                             "add exchange=Exchange() (exchange='auto'), or leave shard='all'")
         if self.exchange is not None and self.tuned:
             raise ValueError(f"bucket_bytes/defer='auto' with strategy {self.name!r} does not "
                              "combine with the exchange (it patches the model's dense layers "

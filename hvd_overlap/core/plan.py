@@ -82,6 +82,7 @@ class Bucket:
     collective: str = ALLREDUCE
     phase: str = BACKWARD
     rows: bool = False  # sharded: one 2-D kernel, sliced by rows (the exchange's layout)
+    whole: bool = False  # sharded: not sliced; allreduced and updated on every rank
 
     @property
     def nbytes(self) -> int:
@@ -126,7 +127,7 @@ class Plan:
     def signature(self) -> str:
         """A short hash of everything that must agree across ranks."""
         payload = [self.strategy, self.bucket_bytes] + [
-            [b.index, b.collective, b.phase, b.rows] + [
+            [b.index, b.collective, b.phase, b.rows, b.whole] + [
                 [v.index, v.name, list(v.shape), v.dtype, v.sparse, v.has_grad, v.exchangeable]
                 for v in b.variables]
             for b in self.buckets

@@ -6,7 +6,9 @@ elements, padded with zeros to ``ranks * shard_size``; rank ``r`` owns elements
 ``[r * shard_size, (r + 1) * shard_size)``. Padding never reaches a user variable: it is added
 before the reduce-scatter and cut off after the all-gather. A bucket of one dense kernel that the
 factor exchange may carry (``rows``) is cut by whole rows instead (``core.exchange.row_sizes``),
-the first ranks owning one row more when the rows do not divide evenly.
+the first ranks owning one row more when the rows do not divide evenly. A ``whole`` bucket
+(``shard="dense"``: every bucket but the exchange's kernels, allreduced) is not cut: every rank
+owns all of it.
 
 The same layout turns per-rank slot slices into whole per-variable arrays for a checkpoint
 (``join_slices``) and back into this rank's slice for any number of ranks (``own_slice``), which is
@@ -46,6 +48,7 @@ class BucketSlices:
     ranks: int
     phase: str = FORWARD  # when the updated slices are all-gathered (FORWARD: next step)
     rows: bool = False    # one 2-D kernel cut by whole rows (``row_sizes``), without padding
+    whole: bool = False   # not cut: every rank owns it all (allreduced, updated on every rank)
 
     @property
     def total(self) -> int:
@@ -54,17 +57,21 @@ class BucketSlices:
     @property
     def shard_size(self) -> int:
         """Elements each rank owns (the last slices hold the padding; ``rows``: the most any
-        rank owns)."""
+        rank owns; ``whole``: all of them)."""
+        if self.whole:
+            return self.total
         if self.rows:
             return max(self.size_of(r) for r in range(self.ranks))
         return -(-self.total // self.ranks)
 
     @property
     def padding(self) -> int:
-        return 0 if self.rows else self.shard_size * self.ranks - self.total
+        return 0 if self.rows or self.whole else self.shard_size * self.ranks - self.total
 
     def owned(self, rank: int) -> tuple[int, int]:
         """``[start, stop)`` of rank ``rank``'s slice in the padded flat vector."""
+        if self.whole:
+            return 0, self.total
         if self.rows:
             n_in, n_out = self.segments[0].shape
             start, stop = row_range(n_in, self.ranks, rank)
@@ -98,7 +105,7 @@ class ShardLayout:
                  f"{'bucket':>6}  {'dtype':<8} {'elements':>10} {'padding':>7} "
                  f"{'per rank':>9}  {'all-gather':<10}  layers"]
         for b in self.buckets:
-            when = "next step" if b.phase == FORWARD else "backprop"
+            when = "none" if b.whole else "next step" if b.phase == FORWARD else "backprop"
             lines.append(f"{b.bucket:>6}  {b.dtype:<8} {b.total:>10} {b.padding:>7} "
                          f"{b.shard_size:>9}  {when:<10}  {', '.join(b.layers)}")
         return "\n".join(lines)
@@ -121,7 +128,8 @@ def partition(plan: Plan, ranks: int) -> ShardLayout:
                 offset += v.size
         if segments:
             buckets.append(BucketSlices(b.index, b.dtype, tuple(segments), ranks, b.phase,
-                                        rows=b.rows and len(segments) == 1))
+                                        rows=b.rows and len(segments) == 1,
+                                        whole=b.whole))
     return ShardLayout(ranks, tuple(buckets))
 
 

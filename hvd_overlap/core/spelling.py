@@ -4,10 +4,11 @@
 
 OPTION is ``exchange`` (``exchange=always``), ``gather``/``rows`` (the exchanged kernels'
 forward), ``alltoall`` (slices travel by alltoall), ``auto`` (``bucket_bytes="auto"``),
-``ordered``, ``bucket=BYTES`` (``K``/``M`` suffixes), ``defer=N|auto`` or ``groups=N``
-(stock Horovod's ``num_groups``). :func:`parse` reads it (``Strategy.spec`` writes it);
-:func:`resolve` turns ``DistributedOptimizer(strategy=..., **keywords)`` into one object. Both
-refuse a setting the strategy has no use for with a ``TypeError`` naming who takes it.
+``ordered``, ``bucket=BYTES`` (``K``/``M`` suffixes), ``defer=N|auto``, ``groups=N``
+(stock Horovod's ``num_groups``) or ``shard=dense`` (only the exchange's dense kernels
+sharded). :func:`parse` reads it (``Strategy.spec`` writes it); :func:`resolve` turns
+``DistributedOptimizer(strategy=..., **keywords)`` into one object. Both refuse a setting
+the strategy has no use for with a ``TypeError`` naming who takes it.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ KEYWORDS: dict[str, tuple[str, object]] = {
     "bucket_bytes": ("bucket_bytes", DEFAULT_BUCKET_BYTES), "ordered": ("ordered", False),
     "defer": ("defer", None), "gather_with": ("gather_with", GATHER_METHODS[0]),
     "exchange": ("exchange", NEVER), "exchange_forward": ("exchange", AUTO),
-    "num_groups": ("num_groups", 0), "groups": ("groups", None),
+    "num_groups": ("num_groups", 0), "groups": ("groups", None), "shard": ("shard", "all"),
 }
 
 
@@ -76,12 +77,14 @@ def parse(text: str) -> Strategy:
             settings["bucket_bytes"] = value if value == AUTO else _parse_bytes(value, text)
         elif key == "groups" and value:
             settings["num_groups"] = _parse_int(value, text)
+        elif key == "shard" and value:
+            settings["shard"] = value
         elif key == "defer" and value:
             settings["defer"] = value if value == AUTO else _parse_int(value, text)
         else:
             raise ValueError(f"strategy {text!r}: unknown option {option!r} (options: exchange, "
                              "exchange=always, gather, rows, alltoall, auto, ordered, "
-                             "bucket=BYTES, defer=N|auto, groups=N)")
+                             "bucket=BYTES, defer=N|auto, groups=N, shard=dense)")
     if exchange:
         if "layers" not in exchange:
             raise ValueError(f"strategy {text!r}: {exchange['forward']!r} is the exchange's "

@@ -14,6 +14,8 @@ from dataclasses import dataclass, replace
 
 from hvd_overlap.core.exchange import AUTO, NEVER, label_exchange, split_exchangeable
 from hvd_overlap.core.plan import (
+    ALLREDUCE,
+    BACKWARD,
     DEFAULT_BUCKET_BYTES,
     GATHER_METHODS,
     Bucket,
@@ -36,6 +38,13 @@ class PlanOptions:
     exchange: str = NEVER           # sharded: dense factor exchange (hvd_overlap.core.exchange)
     exchange_forward: str = AUTO    # sharded: the exchanged kernels' forward (gather, rows)
     ranks: int = 1                  # sharded: the number of ranks (the exchange decision)
+    shard: str = "all"              # sharded: which buckets are sharded (SHARD_MODES)
+
+
+#: ``shard``: every bucket is sharded (``all``), or only the dense kernels the exchange may
+#: carry (``dense``), every other bucket allreduced in backprop and updated whole on each rank
+SHARD_ALL, SHARD_DENSE = "all", "dense"
+SHARD_MODES = (SHARD_ALL, SHARD_DENSE)
 
 
 @dataclass(frozen=True)
@@ -101,10 +110,27 @@ def _sharded_plan(name: str, defer: int, specs: Sequence[VarSpec], options: Plan
                           f"the slices are gathered with {gather}"
                           + (" (each rank's slice repeated P times: the all-gather's result "
                              "and bytes)" if gather == "alltoall" else "")))
+    if options.shard not in SHARD_MODES:
+        raise ValueError(f"shard={options.shard!r}: choose {' or '.join(SHARD_MODES)}")
     if options.exchange == NEVER:
+        if options.shard != SHARD_ALL:
+            raise ValueError("shard='dense' shards the dense kernels the exchange carries: "
+                             "add exchange='auto' (or 'always'), or leave shard='all'")
         return plan
     plan = split_exchangeable(plan)
-    return label_exchange(plan, {}, options.exchange, options.ranks, options.exchange_forward)
+    plan = label_exchange(plan, {}, options.exchange, options.ranks, options.exchange_forward)
+    return plan if options.shard == SHARD_ALL else _shard_dense_only(plan)
+
+
+def _shard_dense_only(plan: Plan) -> Plan:
+    """``shard="dense"``: every bucket but the row-sliced dense kernels allreduced as its
+    gradients exist and updated whole on every rank (``layerwise``'s way, exact the same)."""
+    return replace(plan, buckets=tuple(
+        b if b.rows else replace(b, collective=ALLREDUCE, phase=BACKWARD, whole=True)
+        for b in plan.buckets),
+        notes=plan.notes + ("shard='dense': only the dense kernels the exchange may carry are "
+                            "sharded; every other bucket is allreduced during backprop and "
+                            "updated whole on every rank",))
 
 
 def _sharded(specs: Sequence[VarSpec], options: PlanOptions) -> Plan:

@@ -310,6 +310,7 @@ def DistributedOptimizer(  # noqa: N802 -- same name as Horovod's factory
     gather_with: str = "allgather",
     exchange: str = "never",
     exchange_forward: str = "auto",
+    shard: str = "all",
 ):
     """Wrap a Keras optimizer so its gradients are averaged across ranks by ``strategy``.
 
@@ -318,8 +319,8 @@ def DistributedOptimizer(  # noqa: N802 -- same name as Horovod's factory
     ``Hybrid()``, ``Sharded()``, ``ShardedHybrid()``, ``Auto()``, ``StockHorovod()``), each
     taking only the settings it uses, or its name (``"sharded+exchange"``: the one string
     spelling, ``hvd_overlap.core.spelling.parse``). With a name, ``bucket_bytes``, ``ordered``,
-    ``defer``, ``gather_with``, ``exchange``, ``exchange_forward``, ``num_groups`` and
-    ``groups`` are sugar for the object's settings: one a strategy has no use for is a
+    ``defer``, ``gather_with``, ``exchange``, ``exchange_forward``, ``shard``, ``num_groups``
+    and ``groups`` are sugar for the object's settings: one a strategy has no use for is a
     ``TypeError``. ``process_set`` must be the global one; ``scale_local_gradients`` as
     Horovod's (see ``register_local_var``). Deferring strategies and ``auto`` need
     ``OverlapCallback`` (``model.fit``) or ``make_train_step`` (custom loops).
@@ -363,7 +364,8 @@ def DistributedOptimizer(  # noqa: N802 -- same name as Horovod's factory
         options = replace(plan_options, bucket_bytes=c.bucket_bytes or DEFAULT_BUCKET_BYTES,
                           defer=c.defer)
         if c.exchange:  # one of auto's sharded plans, with the dense factor exchange
-            options = replace(options, exchange=AUTO, exchange_forward=c.exchange)
+            options = replace(options, exchange=AUTO, exchange_forward=c.exchange,
+                              shard=c.shard)
         planner = Planner(st, options, sparse_as_dense)
         method = default_method(sets, fused_by_horovod=c.strategy == "horovod", shards=st.shards)
         return make_executor(st, wrapped, plain, planner, method, sets,

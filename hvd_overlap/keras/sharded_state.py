@@ -112,9 +112,9 @@ class ShardedState:
             names = sorted(self.slots[b.bucket])
             if not names:
                 continue
-            gathered = hvd.grouped_allgather(
-                [self.slots[b.bucket][n].read_value() for n in names],
-                name=f"{self.name}.state{b.bucket}", ignore_name_scope=True)
+            mine = [self.slots[b.bucket][n].read_value() for n in names]
+            gathered = mine if b.whole else hvd.grouped_allgather(  # (whole: every rank's)
+                mine, name=f"{self.name}.state{b.bucket}", ignore_name_scope=True)
             for n, g in zip(names, gathered, strict=True):
                 whole = join_slices(b, g.numpy())
                 for s in b.segments:

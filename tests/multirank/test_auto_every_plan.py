@@ -24,6 +24,7 @@ from tests.multirank.test_auto import auto_with
 
 HORO = Candidate("horovod")
 EXCHANGE = Candidate("sharded", 8192, exchange="rows")  # dense_big's 1024x1024 on the rows
+DENSE_ONLY = Candidate("sharded", 8192, exchange="rows", shard="dense")  # the rest whole
 HYBRID = Candidate("hybrid", 2048, 2)
 TRIALS = [EXCHANGE, HYBRID]
 MODEL = "dense_big"
@@ -35,9 +36,9 @@ def short_trials(monkeypatch):
     monkeypatch.setattr(auto, "CLEAR_GAIN", 1.0)  # every trial runs, whatever the timings
 
 
-def choose_the_exchange(monkeypatch) -> None:
+def choose_the_exchange(monkeypatch, plan: Candidate = EXCHANGE) -> None:
     """Every trial of the exchange plan measures fastest (the same on every rank)."""
-    ms = {HORO: 100.0, EXCHANGE: 50.0, HYBRID: 90.0}
+    ms = {HORO: 100.0, plan: 50.0, HYBRID: 90.0}
 
     def agree(self, values):
         return [ms[self.current] / 1e3, 1.0]
@@ -58,21 +59,26 @@ def test_switching_into_and_out_of_the_exchange_matches_stock(opt_name, exchange
     assert ckpt.saved() == 2
 
 
-def test_a_checkpoint_of_the_exchange_plan_is_stocks_and_resumes_exactly(monkeypatch, exchanged):
-    """auto settles on the exchange plan; the checkpoint saved while it runs holds the
-    optimizer's own variables (no state of the plugin's), and both auto and stock Horovod
-    resume from it to the uninterrupted run's weights."""
-    choose_the_exchange(monkeypatch)
-    whole = train_fit(MODEL, "adam_decay", auto_with(TRIALS), epochs=4)
+@pytest.mark.parametrize("plan", [EXCHANGE, DENSE_ONLY], ids=["sharded", "dense_only"])
+def test_a_checkpoint_of_the_exchange_plan_is_stocks_and_resumes_exactly(monkeypatch, exchanged,
+                                                                         plan):
+    """auto settles on the exchange plan (every bucket sharded, or only the dense kernels);
+    the checkpoint saved while it runs holds the optimizer's own variables (no state of the
+    plugin's), and both auto and stock Horovod resume from it to the uninterrupted run's
+    weights."""
+    choose_the_exchange(monkeypatch, plan)
+    trials = [plan, HYBRID]
+    whole = train_fit(MODEL, "adam_decay", auto_with(trials), epochs=4)
     ckpt = ModelCheckpointInTmp()
-    wrap = auto_with(TRIALS)
+    wrap = auto_with(trials)
     train_fit(MODEL, "adam_decay", wrap, epochs=3, callbacks=[ckpt.callback])
     ex = wrap.made[0]._hvdo
-    assert ex.settled and ex.current == EXCHANGE, ex.log
+    assert ex.settled and ex.current == plan, ex.log
     assert exchanged["n"] > 0
+    assert any(b.whole for b in wrap.made[0].plan.buckets) == (plan == DENSE_ONLY)
     saved = tf.train.load_checkpoint(ckpt.path).get_variable_to_shape_map()
     assert not [k for k in saved if "hvd_overlap" in k], "plugin state in the checkpoint"
-    resumed = train_fit(MODEL, "adam_decay", auto_with(TRIALS), epochs=4, initial_epoch=3,
+    resumed = train_fit(MODEL, "adam_decay", auto_with(trials), epochs=4, initial_epoch=3,
                         restore=ckpt.path)
     assert_weights_close(resumed, whole)
     by_stock = train_fit(MODEL, "adam_decay", stock, epochs=4, initial_epoch=3, restore=ckpt.path)

@@ -10,7 +10,7 @@ import tensorflow as tf
 
 import hvd_overlap.keras as hvdo
 from hvd_overlap.core.exchange import row_range
-from hvd_overlap.core.plan import EXCHANGE_ROWS, EXCHANGES
+from hvd_overlap.core.plan import ALLREDUCE, EXCHANGE_ROWS, EXCHANGES
 from tests.graphs import ancestors
 from tests.multirank.helpers import (
     BATCH,
@@ -66,6 +66,29 @@ def test_fit_matches_stock(opt_name, forward):
     assert_fit_saw_stocks_weights(got, ref)
     assert _layers(_exchanged(got.optimizer)) == ["logits", "nobias", "wide"]
     assert len(_kept(got.optimizer)) == (3 if forward == "rows" else 0)
+
+
+@pytest.mark.parametrize("model, opt_name, forward", [
+    ("cnn_bn", "adam", "gather"), ("cnn_bn", "sgd_momentum", "rows"),
+    ("embedding", "rmsprop", "rows"),
+])
+def test_only_the_dense_kernels_sharded_matches_stock(model, opt_name, forward):
+    """``shard="dense"``: the convolutions, batch norms and embedding allreduced whole and
+    updated on every rank, the dense kernels exchanged and sharded by rows; validation and a
+    predict inside ``fit``."""
+    got = train_fit(model, opt_name, ours("sharded", exchange="always", bucket_bytes=2048,
+                                          exchange_forward=forward, shard="dense"),
+                    validation=True)
+    ref = stock_reference(model, opt_name)
+    assert_weights_close(got, ref)
+    assert same_on_all_ranks(got)
+    assert_fit_saw_stocks_weights(got, ref)
+    plan, layout = got.optimizer.plan, got.optimizer._hvdo.state.layout
+    whole = [b for b in plan.buckets if b.whole]
+    assert len(whole) >= 2 and {b.collective for b in whole} == {ALLREDUCE}
+    assert all(b.rows for b in plan.buckets if not b.whole)
+    assert len(_exchanged(got.optimizer)) == 2  # both dense kernels
+    assert all(s.shard_size == s.total for s in layout.buckets if s.whole)
 
 
 def test_kernel_regularizers_match_stock():
@@ -287,17 +310,19 @@ def test_gathered_state_equals_stock_slots():
                                        err_msg=f"{slot} {i}")
 
 
-def test_checkpoint_resume_equals_uninterrupted_run():
-    """A checkpoint at the end of epoch 2 (rows gathered into whole arrays) resumes to the
-    weights of 4 uninterrupted epochs."""
-    wrap = ours("sharded", exchange="always", exchange_forward="rows")
-    whole = train_fit("dense_mix", "adam", wrap, epochs=4)
-    assert _layers(_kept(whole.optimizer)) == ["logits", "nobias", "wide"]
+@pytest.mark.parametrize("model, shard", [("dense_mix", "all"), ("cnn_bn", "dense")])
+def test_checkpoint_resume_equals_uninterrupted_run(model, shard):
+    """A checkpoint at the end of epoch 2 (rows gathered into whole arrays; ``shard="dense"``:
+    the whole buckets' state as it is) resumes to the weights of 4 uninterrupted epochs."""
+    wrap = ours("sharded", exchange="always", exchange_forward="rows", shard=shard)
+    whole = train_fit(model, "adam", wrap, epochs=4)
+    assert len(_kept(whole.optimizer)) == (3 if model == "dense_mix" else 2)
     ckpt = ModelCheckpointInTmp()
-    train_fit("dense_mix", "adam", wrap, epochs=2, callbacks=[ckpt.callback])
-    resumed = train_fit("dense_mix", "adam", wrap, epochs=4, initial_epoch=2, restore=ckpt.path)
-    assert_weights_close(resumed, whole)
-    fresh = train_fit("dense_mix", "adam", wrap, epochs=4, initial_epoch=2, restore=ckpt.path,
+    train_fit(model, "adam", wrap, epochs=2, callbacks=[ckpt.callback])
+    resumed = train_fit(model, "adam", wrap, epochs=4, initial_epoch=2, restore=ckpt.path)
+    # (batch norm's moving statistics are per rank: every rank restores rank 0's, as with stock)
+    assert_weights_close(resumed, whole, trainable_only=model == "cnn_bn")
+    fresh = train_fit(model, "adam", wrap, epochs=4, initial_epoch=2, restore=ckpt.path,
                       restore_optimizer=False)
     assert max_abs_diff(fresh, whole) > 1e-4
 

@@ -3,16 +3,17 @@
 A simulator strategy is a runtime strategy (``hvd_overlap.core.strategies``), or a sharded one
 with the dense factor exchange (``sharded+exchange``: ``exchange="auto"``,
 ``hvd_overlap.core.exchange``) and optionally its ``exchange_forward`` (``+gather``,
-``+rows``). The profile's layers become the plan's variables (one per layer with a gradient; a
-dense layer's kernel apart from its bias where the exchange may carry it), and the plan's
-buckets become ``StepBucket`` records over the profile's layer positions, which the step builders
+``+rows``) and ``shard="dense"`` (``sharded+exchange+rows+shard=dense``). The profile's layers
+become the plan's variables (one per layer with a gradient; a dense layer's kernel apart from
+its bias where the exchange may carry it), and the plan's buckets become ``StepBucket``
+records over the profile's layer positions, which the step builders
 (``hvd_overlap.core.sim.steps``) read.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from hvd_overlap.core.exchange import AUTO, GATHER, NEVER, ROWS, DenseShape, label_exchange
@@ -28,7 +29,7 @@ from hvd_overlap.core.plan import (
 from hvd_overlap.core.sim.profile import Profile
 from hvd_overlap.core.spelling import parse
 from hvd_overlap.core.strategies import STRATEGIES as _STRATEGIES
-from hvd_overlap.core.strategies import PlanOptions, get_strategy
+from hvd_overlap.core.strategies import get_strategy
 
 RUNTIME_STRATEGIES = tuple(_STRATEGIES)  # every runtime strategy, simulated from its own plan
 EXCHANGE_SUFFIX = "+exchange"  # a sharded strategy with exchange="auto"
@@ -37,8 +38,10 @@ FORWARD_SUFFIXES = {"": AUTO, "+gather": GATHER, "+rows": ROWS}
 _COST_CHOICE = "+rows_if_cheaper"  # internal: exchange_forward="auto" before its online check
 EXCHANGE_STRATEGIES = tuple(f"{s}{EXCHANGE_SUFFIX}" for s in RUNTIME_STRATEGIES
                             if _STRATEGIES[s].shards)
+DENSE_SUFFIX = "+shard=dense"  # only the exchange's dense kernels sharded (``shard="dense"``)
 STRATEGIES = RUNTIME_STRATEGIES + tuple(f"{s}{f}" for s in EXCHANGE_STRATEGIES
-                                        for f in FORWARD_SUFFIXES)
+                                        for f in FORWARD_SUFFIXES) \
+    + tuple(f"{EXCHANGE_STRATEGIES[0]}{f}{DENSE_SUFFIX}" for f in FORWARD_SUFFIXES)
 
 
 @dataclass(frozen=True)
@@ -54,6 +57,7 @@ class StepBucket:
     exchange: DenseShape | None = None  # a dense kernel the factor exchange carries
     itemsize: int = 4
     rows_forward: bool = False  # the exchange's forward on the rows: its rows never gathered
+    allreduced: bool = False  # a sharded plan's whole bucket (``shard="dense"``): allreduced
 
 
 def exchange_mode(strategy: str) -> tuple[str, str, str]:
@@ -101,9 +105,9 @@ def plan_of(profile: Profile, strategy: str, bucket_bytes: int = DEFAULT_BUCKET_
     specs = _specs(profile, exchange != NEVER)
     if not specs:
         return None
-    plan = get_strategy(base).build_plan(
-        specs, PlanOptions(bucket_bytes, defer, exchange=exchange, exchange_forward=forward,
-                           ranks=ranks))
+    options = replace(parse(strategy.removesuffix(_COST_CHOICE)).plan_options(ranks),
+                      bucket_bytes=bucket_bytes, defer=defer, exchange_forward=forward)
+    plan = get_strategy(base).build_plan(specs, options)
     if exchange == NEVER:
         return plan
     return label_exchange(plan, _dense_shapes(profile, specs), exchange, ranks, forward)
@@ -135,7 +139,8 @@ def buckets_of(profile: Profile, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
         nbytes, tensors = (sum(col) for col in zip(*map(size, b.variables), strict=True))
         shape = shapes[b.variables[0].index] if b.collective in EXCHANGES else None
         out.append(StepBucket(b.index, idx, nbytes, tensors, nbytes * per_byte, b.phase, shape,
-                           itemsize(b.dtype), b.collective == EXCHANGE_ROWS))
+                              itemsize(b.dtype), b.collective == EXCHANGE_ROWS,
+                              b.whole))
     return out
 
 

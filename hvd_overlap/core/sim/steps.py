@@ -196,6 +196,13 @@ def _sharded(st: _Step, buckets: Sequence[StepBucket], exchange: bool) -> None:
 
     def scatter(i: int, la: Layer, back: _Backward) -> None:
         for b in ready_at.get(i, ()):
+            if b.allreduced:  # a whole bucket (shard="dense"): updated on every rank
+                rid = st.request(kind="allreduce", nbytes=b.nbytes, tensors=b.tensors,
+                                 label=f"allreduce bucket {b.index}")
+                back.grads += (rid,)
+                st.eager.append(Task(f"update bucket {b.index}", b.update_s, (rid,),
+                                     eager=True))
+                continue
             rid = st.request(kind="reduce_scatter", nbytes=b.nbytes, tensors=b.tensors,
                              label=f"reduce_scatter bucket {b.index}")
             back.grads += (rid,)

@@ -20,7 +20,7 @@ from tests.multirank.helpers import (
     stock_reference,
     train_fit,
 )
-from tests.multirank.test_auto import auto_with
+from tests.multirank.test_auto import auto_with, short_trials  # noqa: F401 (autouse here too)
 
 HORO = Candidate("horovod")
 EXCHANGE = Candidate("sharded", 8192, exchange="rows")  # dense_big's 1024x1024 on the rows
@@ -28,12 +28,6 @@ DENSE_ONLY = Candidate("sharded", 8192, exchange="rows", shard="dense")  # the r
 HYBRID = Candidate("hybrid", 2048, 2)
 TRIALS = [EXCHANGE, HYBRID]
 MODEL = "dense_big"
-
-
-@pytest.fixture(autouse=True)
-def short_trials(monkeypatch):
-    monkeypatch.setattr(auto, "TRIAL_STEPS", 1)
-    monkeypatch.setattr(auto, "CLEAR_GAIN", 1.0)  # every trial runs, whatever the timings
 
 
 def choose_the_exchange(monkeypatch, plan: Candidate = EXCHANGE) -> None:

@@ -117,6 +117,19 @@ def test_a_setting_the_strategy_has_no_use_for_is_a_type_error(kwargs, match):
         hvdo.DistributedOptimizer(tf.keras.optimizers.SGD(0.1), **kwargs)
 
 
+def test_shard_dense_without_the_exchange_or_on_a_whole_state_plan_is_refused():
+    """``shard="dense"`` keeps the exchange's kernels sharded: without the exchange it is a
+    ValueError naming the fix, on a strategy without slices a TypeError naming who takes it."""
+    with pytest.raises(ValueError, match="add exchange="):
+        hvdo.DistributedOptimizer(tf.keras.optimizers.SGD(0.1), strategy="sharded",
+                                  shard="dense")
+    with pytest.raises(ValueError, match="choose all or dense"):
+        hvdo.Sharded(exchange=hvdo.Exchange(), shard="some")
+    with pytest.raises(TypeError, match="sharded, sharded_hybrid"):
+        hvdo.DistributedOptimizer(tf.keras.optimizers.SGD(0.1), strategy="layerwise",
+                                  shard="dense")
+
+
 def test_a_setting_the_strategy_object_lacks_cannot_be_written():
     with pytest.raises(TypeError):
         hvdo.Layerwise(defer=2)  # type: ignore[call-arg]

@@ -21,7 +21,7 @@ from typing import ClassVar
 
 from hvd_overlap.core.exchange import ALWAYS, AUTO, FORWARD_MODES, NEVER
 from hvd_overlap.core.plan import DEFAULT_BUCKET_BYTES, GATHER_METHODS
-from hvd_overlap.core.strategies import SHARD_ALL, SHARD_DENSE, SHARD_MODES, PlanOptions
+from hvd_overlap.core.strategies import SHARD_ALL, PlanOptions, check_shard
 
 BucketBytes = int | str  # bytes, or "auto"
 Defer = int | str | None  # input-side buckets deferred; None: half the bytes; "auto": chosen
@@ -216,11 +216,7 @@ class Sharded(_Bucketed):
                              f"{' or '.join(GATHER_METHODS)}")
         if self.exchange is not None and not isinstance(self.exchange, Exchange):
             raise TypeError(f"exchange must be an Exchange(...) or None, got {self.exchange!r}")
-        if self.shard not in SHARD_MODES:
-            raise ValueError(f"shard={self.shard!r}: choose {' or '.join(SHARD_MODES)}")
-        if self.shard == SHARD_DENSE and self.exchange is None:
-            raise ValueError("shard='dense' shards the dense kernels the exchange carries: "
-                             "add exchange=Exchange() (exchange='auto'), or leave shard='all'")
+        check_shard(self.shard, self.exchange is not None)
         if self.exchange is not None and self.tuned:
             raise ValueError(f"bucket_bytes/defer='auto' with strategy {self.name!r} does not "
                              "combine with the exchange (it patches the model's dense layers "

@@ -47,6 +47,16 @@ SHARD_ALL, SHARD_DENSE = "all", "dense"
 SHARD_MODES = (SHARD_ALL, SHARD_DENSE)
 
 
+def check_shard(shard: str, exchange: bool) -> None:
+    """A ValueError naming the fix for a ``shard`` mode that is unknown, or ``dense`` without
+    the exchange (``exchange``: whether it is on)."""
+    if shard not in SHARD_MODES:
+        raise ValueError(f"shard={shard!r}: choose {' or '.join(SHARD_MODES)}")
+    if shard == SHARD_DENSE and not exchange:
+        raise ValueError("shard='dense' shards the dense kernels the exchange carries: add "
+                         "exchange='auto' (Exchange()) or 'always', or leave shard='all'")
+
+
 @dataclass(frozen=True)
 class Strategy:
     """A named plan builder and the two facts that choose its executor."""
@@ -110,12 +120,8 @@ def _sharded_plan(name: str, defer: int, specs: Sequence[VarSpec], options: Plan
                           f"the slices are gathered with {gather}"
                           + (" (each rank's slice repeated P times: the all-gather's result "
                              "and bytes)" if gather == "alltoall" else "")))
-    if options.shard not in SHARD_MODES:
-        raise ValueError(f"shard={options.shard!r}: choose {' or '.join(SHARD_MODES)}")
+    check_shard(options.shard, options.exchange != NEVER)
     if options.exchange == NEVER:
-        if options.shard != SHARD_ALL:
-            raise ValueError("shard='dense' shards the dense kernels the exchange carries: "
-                             "add exchange='auto' (or 'always'), or leave shard='all'")
         return plan
     plan = split_exchangeable(plan)
     plan = label_exchange(plan, {}, options.exchange, options.ranks, options.exchange_forward)

@@ -106,7 +106,7 @@ def plan_of(profile: Profile, strategy: str, bucket_bytes: int = DEFAULT_BUCKET_
     if not specs:
         return None
     options = replace(parse(strategy.removesuffix(_COST_CHOICE)).plan_options(ranks),
-                      bucket_bytes=bucket_bytes, defer=defer, exchange_forward=forward)
+                      bucket_bytes=bucket_bytes, defer=defer)
     plan = get_strategy(base).build_plan(specs, options)
     if exchange == NEVER:
         return plan

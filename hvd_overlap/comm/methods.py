@@ -151,13 +151,6 @@ class ReduceScatterGather(SliceMethod):
     def scatter(self, bucket: BucketSlices, grads: Sequence[Grad]) -> tf.Tensor:
         s = self.settings
         pre, post = scale_factors(s.op, s.gradient_predivide_factor)
-        if bucket.whole:
-            flat = tf.concat([tf.reshape(tf.convert_to_tensor(grads[seg.index]), [-1])
-                              for seg in bucket.segments], 0)
-            with tf.device(s.device_dense):
-                return allreduce_bucket([flat], f"{s.name}.b{bucket.bucket}", op=s.op,
-                                        compression=s.compression, prescale_factor=pre,
-                                        postscale_factor=post)[0]
         if bucket.rows:  # a kernel cut by whole rows, as Horovod splits the first dimension
             tensor = tf.convert_to_tensor(grads[bucket.segments[0].index])
         else:
@@ -167,25 +160,28 @@ class ReduceScatterGather(SliceMethod):
                 parts.append(tf.zeros([bucket.padding], parts[0].dtype))
             tensor = parts[0] if len(parts) == 1 else tf.concat(parts, 0)
         with tf.device(s.device_dense):
+            if bucket.whole:  # (no padding)
+                return allreduce_bucket([tensor], f"{s.name}.b{bucket.bucket}", op=s.op,
+                                        compression=s.compression, prescale_factor=pre,
+                                        postscale_factor=post)[0]
             piece = reduce_scatter(tensor, f"{s.name}.b{bucket.bucket}.rs", op=s.op,
                                    compression=s.compression, prescale_factor=pre,
                                    postscale_factor=post)
         return tf.reshape(piece, [-1]) if bucket.rows else piece
 
     def gather(self, bucket: BucketSlices, piece: tf.Tensor) -> list[tf.Tensor]:
-        if bucket.whole:  # every rank updated all of it: nothing to send
-            pieces = tf.split(piece, [seg.size for seg in bucket.segments], 0)
-            return [tf.reshape(p, seg.shape) for p, seg in zip(pieces, bucket.segments,
-                                                               strict=True)]
         if bucket.rows:  # whole rows, as many as each rank owns (uneven: no padding)
             shape = bucket.segments[0].shape
             with tf.device(self.settings.device_dense):
                 whole = all_gather(piece, f"{self.settings.name}.b{bucket.bucket}.ag",
                                    self.settings.gather_with, uneven=True)
             return [tf.reshape(whole, shape)]
-        with tf.device(self.settings.device_dense):
-            flat = all_gather(piece, f"{self.settings.name}.b{bucket.bucket}.ag",
-                              self.settings.gather_with)
+        if bucket.whole:  # every rank updated all of it: nothing to send
+            flat = piece
+        else:
+            with tf.device(self.settings.device_dense):
+                flat = all_gather(piece, f"{self.settings.name}.b{bucket.bucket}.ag",
+                                  self.settings.gather_with)
         pieces = tf.split(flat, segment_sizes(bucket), 0)
         return [tf.reshape(p, seg.shape) for p, seg in zip(pieces, bucket.segments, strict=False)]
 

@@ -101,16 +101,16 @@ def plan_of(profile: Profile, strategy: str, bucket_bytes: int = DEFAULT_BUCKET_
     """The plan the runtime would build for the profile's layers on ``ranks`` ranks (None:
     nothing to send); an exchange strategy's with each dense kernel's choice made for the
     profile's batch (``label_exchange``)."""
-    base, exchange, forward = exchange_mode(strategy)
-    specs = _specs(profile, exchange != NEVER)
+    chosen = parse(strategy.removesuffix(_COST_CHOICE))
+    options = replace(chosen.plan_options(ranks), bucket_bytes=bucket_bytes, defer=defer)
+    specs = _specs(profile, options.exchange != NEVER)
     if not specs:
         return None
-    options = replace(parse(strategy.removesuffix(_COST_CHOICE)).plan_options(ranks),
-                      bucket_bytes=bucket_bytes, defer=defer)
-    plan = get_strategy(base).build_plan(specs, options)
-    if exchange == NEVER:
+    plan = get_strategy(chosen.name).build_plan(specs, options)
+    if options.exchange == NEVER:
         return plan
-    return label_exchange(plan, _dense_shapes(profile, specs), exchange, ranks, forward)
+    return label_exchange(plan, _dense_shapes(profile, specs), options.exchange, ranks,
+                          options.exchange_forward)
 
 
 def buckets_of(profile: Profile, bucket_bytes: int = DEFAULT_BUCKET_BYTES,

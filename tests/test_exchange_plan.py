@@ -111,6 +111,20 @@ def test_kernels_get_row_buckets_and_biases_do_not_travel_alone():
     assert split_exchangeable(plain) != plain  # exchangeable kernels do get split when asked
 
 
+def test_exchange_plan_keeps_backprop_order():
+    """``sharded_hybrid`` with the exchange: the buckets gathered during backprop come in
+    backprop order (output layer first, each kernel's row bucket after its layer's bias), the
+    one the next step gathers after them; the indices count backprop order."""
+    plan = get_strategy("sharded_hybrid").build_plan(specs(), PlanOptions(64, exchange=ALWAYS,
+                                                                          ranks=2))
+    backward, forward = plan.phase_buckets(BACKWARD), plan.phase_buckets(FORWARD)
+    assert [(b.layers, b.rows) for b in backward] == [
+        (("o",), False), (("o",), True), (("d",), False), (("d",), True)]
+    assert [b.layers for b in forward] == [("c",)]
+    assert plan.buckets == backward + forward
+    assert [b.index for b in plan.buckets] == list(range(5))
+
+
 def test_shard_dense_keeps_only_the_kernels_sliced():
     """``shard="dense"``: every bucket but the dense kernels' row buckets allreduced during
     backprop and not cut (``whole``: every rank owns all of it); without the exchange it is

@@ -1,6 +1,19 @@
 """The dense factor exchange (``strategy="sharded", exchange=...``): a dense kernel's gradient
 rows computed from exchanged inputs and output errors reach stock Horovod's weights; the local
-weight-gradient GEMM is gone from the graph; the plan decides per layer."""
+weight-gradient GEMM is gone from the graph; the plan decides per layer.
+
+What the exchange carried is read from what ran, not from the plan: the train functions the
+steps called (the ``train_steps`` fixture records them) hold the exchange's collectives -- the
+input's all-to-all ``<layer>.<call>.x``, the output errors' all-gather ``.dy`` and, with the
+forward on the rows, the partial outputs' all-to-all ``.y`` -- and no reduce-scatter of the
+kernel's bucket; the patched layers are active. (Horovod's op names are the names the plugin
+gives, ``ignore_name_scope=True``: the same on every rank and in every trace.)"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import horovod.tensorflow as hvd_tf
 import horovod.tensorflow.keras as hvd
@@ -33,27 +46,96 @@ from tests.multirank.helpers import (
 )
 from tests.multirank.test_keras_usage import RecordEvery, _fit_mixed
 
+if TYPE_CHECKING:
+    from tests.multirank.conftest import TrainSteps
 
-def _exchanged(opt) -> list[str]:
-    """Names of the kernels the plan carries by the exchange."""
-    return [v.name for b in opt.plan.buckets if b.collective in EXCHANGES for v in b.variables]
-
-
-def _kept(opt) -> list[str]:
-    """Names of the kernels whose forward runs on the rows."""
-    return [v.name for b in opt.plan.buckets if b.collective == EXCHANGE_ROWS
-            for v in b.variables]
+Op = tuple[str, str]  # a Horovod op in a traced graph: (type, name)
 
 
-def _layers(names: list[str]) -> list[str]:
-    """The layers of these variable names, sorted."""
-    return sorted(n.split("/")[0] for n in names)
+def _plan_exchanged(opt: Any) -> list[str]:
+    """The layers whose kernels the plan names for the exchange, sorted."""
+    return sorted(v.name.split("/")[0] for b in opt.plan.buckets if b.collective in EXCHANGES
+                  for v in b.variables)
+
+
+def _plan_kept(opt: Any) -> list[str]:
+    """The layers whose forward the plan puts on the rows, sorted."""
+    return sorted(v.name.split("/")[0] for b in opt.plan.buckets
+                  if b.collective == EXCHANGE_ROWS for v in b.variables)
+
+
+def _horovod_ops(fn: Any) -> set[Op]:
+    """Every Horovod op of the graphs ``fn`` (a ``tf.function``) traced, the functions nested
+    in them (``tf.cond`` branches) included, named as Horovod names the tensor it negotiates
+    (``ignore_name_scope=True``: the name scope cut off)."""
+    out: set[Op] = set()
+    for concrete in fn._list_all_concrete_functions_for_serialization():
+        graph = concrete.graph.as_graph_def()
+        nodes = [*graph.node, *(n for f in graph.library.function for n in f.node_def)]
+        out |= {(n.op, n.name.rsplit("/", 1)[-1]) for n in nodes if n.op.startswith("Horovod")}
+    return out
+
+
+@dataclass(frozen=True)
+class Ran:
+    """What the recorded train steps did with the patched dense layers (sorted layer names)."""
+
+    exchanged: list[str]  # kernel gradient by the exchange in every step, never reduce-scattered
+    kept: list[str]       # ...and the forward on the rows in every step
+    graphs: list[set[Op]]  # each distinct train function's Horovod ops
+
+
+def _bucket_names(opt: Any) -> dict[Any, str]:
+    """Each variable's (ref) bucket name prefix in the executor's collectives (``<name>.b<k>``:
+    ``.rs`` its reduce-scatter, ``.ag`` its gather)."""
+    st, name = opt._hvdo.state, opt._hvdo.settings.name
+    return {st.variables[s.index].ref(): f"{name}.b{b.bucket}" for b in st.layout.buckets
+            for s in b.segments}
+
+
+def _ran(opt: Any, steps: TrainSteps, since: int = 1) -> Ran:
+    """Read from the train functions of ``opt``'s steps ``since`` on (the first step always
+    reduce-scatters: the exchange starts at the retrace after it). A layer counts as exchanged
+    if every one of them holds its input's all-to-all and its output errors' all-gather and no
+    reduce-scatter of its kernel; it must then be active (and ``keep``: on the rows)."""
+    fns: list[Any] = []
+    for fn in steps.of(opt)[since:]:
+        if not any(fn is f for f in fns):
+            fns.append(fn)
+    assert fns, "no train step of this optimizer was recorded"
+    graphs = [_horovod_ops(fn) for fn in fns]
+    bucket = _bucket_names(opt)
+    exchanged, kept = [], []
+    for x in opt._hvdo.exchange.layers:
+        if x.kernel is None:
+            continue
+        scatter = f"{bucket[x.kernel.ref()]}.rs"
+        if all(("HorovodAlltoall", f"{x.name}.0.x") in g and
+               ("HorovodAllgather", f"{x.name}.0.dy") in g and
+               not any(n == scatter for _, n in g) for g in graphs):
+            assert x.active, f"{x.layer.name}: exchanged in the graph, but not active"
+            exchanged.append(x.layer.name)
+            if all(("HorovodAlltoall", f"{x.name}.0.y") in g for g in graphs):
+                assert x.keep, f"{x.layer.name}: its forward ran on the rows, but not keep"
+                kept.append(x.layer.name)
+    return Ran(sorted(exchanged), sorted(kept), graphs)
+
+
+def _assert_ran_as_planned(opt: Any, steps: TrainSteps, exchanged: Sequence[str],
+                           kept: Sequence[str] = (), since: int = 1) -> Ran:
+    """The steps exchanged the kernels of ``exchanged`` (with the forward on the rows for
+    ``kept``), as the plan says."""
+    ran = _ran(opt, steps, since)
+    assert ran.exchanged == sorted(exchanged), (ran.exchanged, _plan_exchanged(opt))
+    assert ran.kept == sorted(kept), (ran.kept, _plan_kept(opt))
+    assert _plan_exchanged(opt) == ran.exchanged and _plan_kept(opt) == ran.kept
+    return ran
 
 
 @pytest.mark.parametrize("opt_name, forward", [
     ("sgd_momentum", "gather"), ("sgd_momentum", "rows"), ("adam", "rows"), ("rmsprop", "gather"),
 ])
-def test_fit_matches_stock(opt_name, forward):
+def test_fit_matches_stock(opt_name, forward, train_steps):
     """Every trainable dense kernel by the exchange (exchange='always'), rows even and odd,
     with and without bias and activation, a frozen layer beside them; their updated rows
     gathered, or kept where they are (the forward on the rows; validation between epochs)."""
@@ -64,15 +146,15 @@ def test_fit_matches_stock(opt_name, forward):
     assert_weights_close(got, ref)
     assert same_on_all_ranks(got)
     assert_fit_saw_stocks_weights(got, ref)
-    assert _layers(_exchanged(got.optimizer)) == ["logits", "nobias", "wide"]
-    assert len(_kept(got.optimizer)) == (3 if forward == "rows" else 0)
+    every = ["logits", "nobias", "wide"]
+    _assert_ran_as_planned(got.optimizer, train_steps, every, every if forward == "rows" else [])
 
 
 @pytest.mark.parametrize("model, opt_name, forward", [
     ("cnn_bn", "adam", "gather"), ("cnn_bn", "sgd_momentum", "rows"),
     ("embedding", "rmsprop", "rows"),
 ])
-def test_only_the_dense_kernels_sharded_matches_stock(model, opt_name, forward):
+def test_only_the_dense_kernels_sharded_matches_stock(model, opt_name, forward, train_steps):
     """``shard="dense"``: the convolutions, batch norms and embedding allreduced whole and
     updated on every rank, the dense kernels exchanged and sharded by rows; validation and a
     predict inside ``fit``."""
@@ -87,59 +169,75 @@ def test_only_the_dense_kernels_sharded_matches_stock(model, opt_name, forward):
     whole = [b for b in plan.buckets if b.whole]
     assert len(whole) >= 2 and {b.collective for b in whole} == {ALLREDUCE}
     assert all(b.rows for b in plan.buckets if not b.whole)
-    assert len(_exchanged(got.optimizer)) == 2  # both dense kernels
+    ran = _ran(got.optimizer, train_steps)  # both dense kernels
+    assert len(ran.exchanged) == 2 and ran.kept == (ran.exchanged if forward == "rows" else [])
+    assert _plan_exchanged(got.optimizer) == ran.exchanged
     assert all(s.shard_size == s.total for s in layout.buckets if s.whole)
 
 
-def test_kernel_regularizers_match_stock():
+def test_kernel_regularizers_match_stock(train_steps):
     """An L2 term on a kernel adds its (local, equal on every rank) gradient to the exchanged
     rows: this rank's rows of the sum are still those of stock's average."""
     got = train_fit("dense_l2", "sgd_momentum", ours("sharded", exchange="always"))
     assert_weights_close(got, stock_reference("dense_l2", "sgd_momentum"))
-    assert len(_exchanged(got.optimizer)) == 2  # both regularized kernels
+    ran = _ran(got.optimizer, train_steps)
+    assert len(ran.exchanged) == 2 and _plan_exchanged(got.optimizer) == ran.exchanged  # both
 
 
-def test_auto_decides_per_layer_and_matches_stock():
+def test_auto_decides_per_layer_and_matches_stock(train_steps):
     """At 16 per rank on 2 ranks the exchange pays for the 144x33 kernel only."""
     got = train_fit("dense_mix", "adam", ours("sharded", exchange="auto", bucket_bytes=2048))
     assert_weights_close(got, stock_reference("dense_mix", "adam"))
-    assert _layers(_exchanged(got.optimizer)) == ["wide"]
+    _assert_ran_as_planned(got.optimizer, train_steps, ["wide"])
     notes = "\n".join(got.optimizer.plan.notes)
     assert "wide/kernel:0 [144, 33] at 16/rank" in notes and ": exchange+allgather (" in notes
     assert "nobias/kernel:0 [33, 17] at 16/rank" in notes
 
 
 @pytest.mark.parametrize("forward", ["gather", "rows"])
-def test_shared_layer_and_sharded_hybrid_match_stock(forward):
+def test_shared_layer_and_sharded_hybrid_match_stock(forward, train_steps):
     """One Dense layer called on two inputs: two exchanges per step, their rows summed."""
     got = train_fit("shared_layer", "sgd_momentum",
                     ours("sharded_hybrid", exchange="always", bucket_bytes=2048,
                          exchange_forward=forward))
     assert_weights_close(got, stock_reference("shared_layer", "sgd_momentum"))
-    exchanged = _layers(_exchanged(got.optimizer))  # the shared layer and the output layer
-    assert len(exchanged) == 2 and "shared" in exchanged
+    ran = _ran(got.optimizer, train_steps)  # the shared layer and the output layer
+    assert len(ran.exchanged) == 2 and "shared" in ran.exchanged
+    assert ran.kept == (ran.exchanged if forward == "rows" else [])
+    assert _plan_exchanged(got.optimizer) == ran.exchanged
+    shared = next(x.name for x in got.optimizer._hvdo.exchange.layers
+                  if x.layer.name == "shared")
+    for g in ran.graphs:  # one exchange per call: the second call's collectives too
+        assert {("HorovodAlltoall", f"{shared}.1.x"), ("HorovodAllgather", f"{shared}.1.dy")} <= g
 
 
-def test_rows_gathered_by_alltoall_match_stock():
+def test_rows_gathered_by_alltoall_match_stock(train_steps):
     """gather_with='alltoall' gathers the uneven rows through an alltoall with named splits."""
     got = train_fit("dense_mix", "adam", ours("sharded", exchange="always",
                                               gather_with="alltoall"))
     assert_weights_close(got, stock_reference("dense_mix", "adam"))
-    assert _layers(_exchanged(got.optimizer)) == ["logits", "nobias", "wide"]
+    ran = _assert_ran_as_planned(got.optimizer, train_steps, ["logits", "nobias", "wide"])
+    bucket = _bucket_names(got.optimizer)
+    kernels = {f"{bucket[x.kernel.ref()]}.ag" for x in got.optimizer._hvdo.exchange.layers
+               if x.active}
+    for g in ran.graphs:  # the exchanged kernels' rows gathered by alltoall, none by allgather
+        assert {("HorovodAlltoall", k) for k in kernels} <= g, sorted(g)
+        assert not [n for t, n in g if t == "HorovodAllgather" and n.endswith(".ag")]
 
 
 @pytest.mark.parametrize("opt_name, forward", [("sgd_momentum", "gather"), ("adam", "gather"),
                                                ("adam", "rows")])
-def test_custom_loop_matches_distributed_tape(opt_name, forward):
+def test_custom_loop_matches_distributed_tape(opt_name, forward, train_steps):
     ref = train_loop("dense_mix", opt_name, lambda o: o, tape_wrap=hvd_tf.DistributedGradientTape)
     got = train_loop("dense_mix", opt_name, ours("sharded", exchange="always",
                                                  exchange_forward=forward))
     assert_weights_close(got, ref)
-    assert _layers(_exchanged(got.optimizer)) == ["logits", "nobias", "wide"]
+    every = ["logits", "nobias", "wide"]
+    _assert_ran_as_planned(got.optimizer, train_steps, every, every if forward == "rows" else [])
 
 
 @pytest.mark.parametrize("kept", ["rows", "gather"])
-def test_online_check_between_rows_and_gather_matches_stock(kept):
+def test_online_check_between_rows_and_gather_matches_stock(kept, train_steps):
     """``exchange_forward="auto"``: the cost model puts the 1024x1024 kernel's forward on the
     rows; the online check runs that, then the gather, then keeps one (forced here, both
     ways): every switch lands the pending update first, so the weights equal stock's."""
@@ -156,12 +254,14 @@ def test_online_check_between_rows_and_gather_matches_stock(kept):
     ex = keep_opt._hvdo.exchange
     assert ex.settled and ex.trial.measured.keys() == {"rows", "gather"}
     assert ex.trial.running == kept
-    assert _layers(_kept(keep_opt)) == (["big"] if kept == "rows" else [])
-    assert _layers(_exchanged(keep_opt)) == ["big", "first"]
+    assert _ran(keep_opt, train_steps).exchanged == ["big", "first"]  # both ways exchange
+    # the way kept is what the last steps ran
+    _assert_ran_as_planned(keep_opt, train_steps, ["big", "first"],
+                           ["big"] if kept == "rows" else [], since=-2)
     assert any("exchange_forward='auto', measured: rows" in n for n in keep_opt.plan.notes)
 
 
-def test_rows_stay_on_their_rank_until_flush():
+def test_rows_stay_on_their_rank_until_flush(train_steps):
     """With the forward on the rows, training steps never gather a kernel: after steps in a
     custom loop each rank's own rows equal stock Horovod's, the other rows are stale (as the
     first step, before the decision, left them), and ``flush`` brings in the whole kernel."""
@@ -182,7 +282,8 @@ def test_rows_stay_on_their_rank_until_flush():
             first = model.get_layer("wide").kernel.numpy()
             np.testing.assert_allclose(first, ref_model.get_layer("wide").kernel.numpy(),
                                        rtol=1e-5, atol=1e-6)
-    assert sorted(n.split("/")[0] for n in _kept(opt)) == ["logits", "nobias", "wide"]
+    every = ["logits", "nobias", "wide"]
+    _assert_ran_as_planned(opt, train_steps, every, every)
     assert opt.pending
     start, stop = row_range(144, hvd.size(), hvd.rank())
     got, want = model.get_layer("wide").kernel.numpy(), ref_model.get_layer("wide").kernel.numpy()
@@ -207,13 +308,14 @@ def _fit_recording(wrap, callbacks=()):
     return record.seen, model.predict(x[:BATCH], verbose=0), model.optimizer
 
 
-def test_rows_forward_weights_read_mid_epoch_and_predict_are_current():
+def test_rows_forward_weights_read_mid_epoch_and_predict_are_current(train_steps):
     """A landing step (``OverlapCallback(flush_every=N)``) gathers the kept kernels at its end,
     so a callback reading weights there sees stock's; ``predict`` after fit too."""
     want, want_pred, _ = _fit_recording(stock)
     got, pred, opt = _fit_recording(ours("sharded", exchange="always", exchange_forward="rows"),
                                     [hvdo.OverlapCallback(flush_every=5)])
-    assert _layers(_kept(opt)) == ["logits", "nobias", "wide"]
+    every = ["logits", "nobias", "wide"]
+    _assert_ran_as_planned(opt, train_steps, every, every)
     assert len(got) == len(want) == 4
     for step_want, step_got in zip(want, got, strict=True):
         for a, b in zip(step_want, step_got, strict=True):
@@ -221,7 +323,7 @@ def test_rows_forward_weights_read_mid_epoch_and_predict_are_current():
     np.testing.assert_allclose(pred, want_pred, rtol=1e-5, atol=1e-6)
 
 
-def test_rows_forward_with_different_batches_per_rank_matches_stock():
+def test_rows_forward_with_different_batches_per_rank_matches_stock(train_steps):
     """The all-to-alls carry each rank's batch: rank 0 trains on 16 rows, rank 1 on 12."""
     def run(wrap):
         tf.keras.utils.set_random_seed(3)
@@ -234,7 +336,8 @@ def test_rows_forward_with_different_batches_per_rank_matches_stock():
                              hvdo.OverlapCallback()])
         return Result(model)
     got = run(ours("sharded", exchange="always", exchange_forward="rows"))
-    assert _layers(_kept(got.optimizer)) == ["logits", "nobias", "wide"]
+    every = ["logits", "nobias", "wide"]
+    _assert_ran_as_planned(got.optimizer, train_steps, every, every)
     assert_weights_close(got, run(stock))
 
 
@@ -291,11 +394,11 @@ def test_reduce_scatters_wait_for_the_input_gradients_on_the_rows():
     assert checked
 
 
-def test_gathered_state_equals_stock_slots():
+def test_gathered_state_equals_stock_slots(train_steps):
     """A checkpoint's optimizer state with the exchange: every rank's rows joined, equal to
     stock Horovod's Adam moments (uneven rows included)."""
     opt = train_fit("dense_mix", "adam", ours("sharded", exchange="always")).optimizer
-    assert _layers(_exchanged(opt)) == ["logits", "nobias", "wide"]
+    _assert_ran_as_planned(opt, train_steps, ["logits", "nobias", "wide"])
     saved = opt._hvdo.state.checkpoint
     tf.keras.utils.set_random_seed(3)
     model = MODELS["dense_mix"]()
@@ -311,15 +414,19 @@ def test_gathered_state_equals_stock_slots():
 
 
 @pytest.mark.parametrize("model, shard", [("dense_mix", "all"), ("cnn_bn", "dense")])
-def test_checkpoint_resume_equals_uninterrupted_run(model, shard):
+def test_checkpoint_resume_equals_uninterrupted_run(model, shard, train_steps):
     """A checkpoint at the end of epoch 2 (rows gathered into whole arrays; ``shard="dense"``:
     the whole buckets' state as it is) resumes to the weights of 4 uninterrupted epochs."""
     wrap = ours("sharded", exchange="always", exchange_forward="rows", shard=shard)
     whole = train_fit(model, "adam", wrap, epochs=4)
-    assert len(_kept(whole.optimizer)) == (3 if model == "dense_mix" else 2)
+    ran = _ran(whole.optimizer, train_steps)
+    assert len(ran.kept) == (3 if model == "dense_mix" else 2) and ran.kept == ran.exchanged
+    assert _plan_kept(whole.optimizer) == ran.kept
     ckpt = ModelCheckpointInTmp()
     train_fit(model, "adam", wrap, epochs=2, callbacks=[ckpt.callback])
     resumed = train_fit(model, "adam", wrap, epochs=4, initial_epoch=2, restore=ckpt.path)
+    again = _ran(resumed.optimizer, train_steps)  # the resumed run's too (a new model: its
+    assert len(again.kept) == len(ran.kept) and again.kept == again.exchanged  # own names)
     # (batch norm's moving statistics are per rank: every rank restores rank 0's, as with stock)
     assert_weights_close(resumed, whole, trainable_only=model == "cnn_bn")
     fresh = train_fit(model, "adam", wrap, epochs=4, initial_epoch=2, restore=ckpt.path,
@@ -327,15 +434,30 @@ def test_checkpoint_resume_equals_uninterrupted_run(model, shard):
     assert max_abs_diff(fresh, whole) > 1e-4
 
 
-def test_mixed_precision_keeps_reduce_scatter_and_equals_stock():
+def test_mixed_precision_does_not_exchange_and_equals_stock(train_steps):
     """Under mixed_float16 a Dense layer computes in float16 with float32 kernels: the exchange
-    does not carry it (its gradient keeps the reduce-scatter), and the loss-scale optimizer's
-    skipped steps equal stock's."""
+    does not carry it (no layer is patched, no exchange collective runs). The loss-scale
+    optimizer reads global gradients (``compute_gradients``, to decide on every rank alike
+    whether to skip a step), so each kernel's bucket is allreduced whole in that call, as every
+    bucket then is, and each rank takes its slice: not reduce-scattered. The skipped steps
+    equal stock's."""
     want, want_scale, want_steps = _fit_mixed(stock)
     got, scale, steps = _fit_mixed(ours("sharded", exchange="always", bucket_bytes=2048))
     assert (scale, steps) == (want_scale, want_steps)
     for a, b in zip(want, got, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    (opt,) = train_steps.optimizers()  # ours (stock's fit is not recorded)
+    assert not opt._hvdo.exchange.layers  # no layer eligible: none patched
+    bucket = _bucket_names(opt)
+    kernels = [v for v in opt._hvdo.state.variables if v.name.endswith("kernel:0")]
+    assert len(kernels) == 3
+    ran = _ran(opt, train_steps)
+    for g in ran.graphs:  # every kernel's bucket allreduced by name; nothing exchanged
+        for v in kernels:
+            assert ("HorovodGroupedAllreduce", bucket[v.ref()]) in g, (v.name, sorted(g))
+            assert f"{bucket[v.ref()]}.rs" not in {n for _, n in g}, (v.name, sorted(g))
+        assert not [n for t, n in g if t == "HorovodAlltoall" or n.endswith(".dy")], sorted(g)
+    assert ran.exchanged == ran.kept == []
 
 
 def test_layer_called_on_2d_and_3d_inputs_is_refused_on_every_rank():

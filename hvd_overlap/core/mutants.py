@@ -28,7 +28,8 @@ MUTANTS: dict[str, str] = {
     "skip_agreement": "with mixed precision each rank decides alone whether to skip a step "
                       "(compute_gradients returns local gradients)",
     "nadam_refusal": "the Nadam refusal accepts tf.keras.optimizers.Nadam",
-    "stall_shutdown": "the test launcher does not set Horovod's stall shutdown",
+    "stall_shutdown": "the 2-rank test launcher's per-test timeout cannot end a rank left "
+                      "waiting in a collective (signal method instead of thread)",
 }
 
 ACTIVE = os.environ.get("HVDO_MUTANT", "")

@@ -53,8 +53,7 @@ KILLS: tuple[Kill, ...] = (
     Kill("deferral",
          single=("tests/test_optimizer_local.py::test_a_registered_bucket_method_sends_every_"
                  "bucket_in_plan_order",),
-         ranks=(M + "test_deferred.py::test_fit_with_validation_and_checkpoint_matches_stock"
-                "[deferred-sgd_schedule]",
+         ranks=(M + "test_deferred.py::test_update_really_waits_for_the_next_step_until_flushed",
                 M + "test_sharded.py::test_fit_matches_stock[adam]")),
     Kill("gather_order",
          single=("tests/test_optimizer_local.py::test_sharded_bucket_method_is_swappable_and_"
@@ -67,12 +66,21 @@ KILLS: tuple[Kill, ...] = (
     Kill("exchange",
          ranks=(M + "test_exchange.py::test_custom_loop_matches_distributed_tape[adam-rows]",
                 M + "test_exchange.py::test_fit_matches_stock[sgd_momentum-gather]")),
-    Kill("auto_never_switches", ranks=(M + "test_auto.py::test_fit_switching_plans_matches_"
-                                       "stock",)),
-    Kill("auto_drops_state", ranks=(M + "test_auto.py::test_fit_switching_plans_matches_stock",)),
+    Kill("auto_never_switches",
+         ranks=(M + "test_auto.py::test_a_plan_clearly_faster_in_its_trial_ends_the_check",
+                M + "test_auto.py::test_fit_switching_plans_matches_stock[adam]")),
+    Kill("auto_drops_state",
+         ranks=(M + "test_auto.py::test_switching_out_of_a_sharded_plan_carries_adams_state",
+                M + "test_auto.py::test_sharded_auto_checkpoint_resume_equals_uninterrupted_"
+                "run")),
     Kill("reconsider",
-         ranks=(M + "test_batch_growth.py::test_auto_chooses_again_at_a_growth_and_equals_stock",)),
-    Kill("resume", ranks=(M + "test_sharded.py::test_checkpoint_resume_equals_uninterrupted_run",)),
+         ranks=(M + "test_batch_growth.py::test_auto_predicts_for_a_batch_too_short_lived_to_"
+                "check",
+                M + "test_batch_growth.py::test_auto_chooses_again_at_a_growth_and_equals_stock")),
+    Kill("resume",
+         ranks=(M + "test_sharded.py::test_checkpoint_resume_equals_uninterrupted_run"
+                "[adam-sharded]",
+                M + "test_sharded.py::test_checkpoint_from_one_rank_resumes_on_two")),
     Kill("bucket_order",
          single=("tests/test_plan.py::test_buckets_are_in_backprop_order_and_cover_every_"
                  "variable_once",

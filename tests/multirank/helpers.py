@@ -6,10 +6,13 @@ initial weights are equal on every rank (same seed), as in a real Horovod job af
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
+import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from pathlib import Path
+from typing import Any, TypeVar
 
 import horovod.tensorflow as hvd_tf
 import horovod.tensorflow.keras as hvd
@@ -208,8 +211,11 @@ class Result:
     def __init__(self, model: tf.keras.Model, observed: Observer | None = None):
         self.weights = model.get_weights()
         self.trainable = [v.numpy() for v in model.trainable_variables]
+        self.names = [v.name for v in model.trainable_variables]
         self.optimizer = getattr(model, "optimizer", None)  # None: never compiled
         self.deferred_steps = observed.deferred_steps if observed else 0
+        self.pending: list[bool] = observed.pending if observed else []
+        self.steps: list[list[np.ndarray]] = observed.steps if observed else []
         self.val_loss = observed.val_loss if observed else []
         self.predictions = observed.predictions if observed else []
 
@@ -217,17 +223,32 @@ class Result:
 class Observer(tf.keras.callbacks.Callback):
     """Listed after ``OverlapCallback``: counts the steps whose update was still pending when
     the step ended (the deferral really happened), keeps the validation losses ``fit``'s own
-    evaluate reported, and predicts ``x_val`` from a callback at every epoch end."""
+    evaluate reported, and predicts ``x_val`` from a callback at every epoch end. With
+    ``record_steps``, also the trainable weights as they were at the start and at every step's
+    end (``steps[0]``: before the first step), which is when a deferred update is visible."""
 
-    def __init__(self, x_val=None):
+    def __init__(self, x_val=None, record_steps: bool = False):
         super().__init__()
         self.x_val = x_val
+        self.record_steps = record_steps
         self.deferred_steps = 0
+        self.pending: list[bool] = []
+        self.steps: list[list[np.ndarray]] = []
         self.val_loss: list[float] = []
         self.predictions: list[np.ndarray] = []
 
+    def _record(self) -> None:
+        if self.record_steps:
+            self.steps.append([v.numpy() for v in self.model.trainable_variables])
+
+    def on_train_begin(self, logs=None):
+        self._record()
+
     def on_train_batch_end(self, batch, logs=None):
-        self.deferred_steps += int(bool(getattr(self.model.optimizer, "pending", False)))
+        pending = bool(getattr(self.model.optimizer, "pending", False))
+        self.pending.append(pending)
+        self.deferred_steps += int(pending)
+        self._record()
 
     def on_epoch_end(self, epoch, logs=None):
         if logs and "val_loss" in logs:
@@ -236,23 +257,102 @@ class Observer(tf.keras.callbacks.Callback):
             self.predictions.append(self.model.predict(self.x_val, verbose=0))
 
 
+# -- stock references, computed once per launch ---------------------------------------------
+
+T = TypeVar("T")
+
+
+class ReferenceRuns:
+    """Stock Horovod's reference runs, each computed once per launch and kept by a key naming
+    everything that changes the run. Every rank runs the same tests in the same order, so every
+    rank hits or misses alike (a miss runs collectives). Counts what it served, and what the
+    same requests computed before this cache (``stock_reference``'s own cache by (model,
+    optimizer) only): printed by rank 0 when the process ends."""
+
+    def __init__(self) -> None:
+        self.runs: dict[Hashable, Any] = {}
+        self.requested = 0
+        self.computed = 0
+        self._before_keys: set[Hashable] = set()  # stock_reference's old cache keys
+        self._before_other = 0                    # requests no cache served before
+        self._rank: int | None = None
+
+    def get(self, key: Hashable, run: Callable[[], T], old_key: Hashable | None = None) -> T:
+        """The run kept under ``key``, computed by ``run()`` if none is kept yet. ``old_key``:
+        the key the request had in ``stock_reference``'s cache before this one (the count)."""
+        if self._rank is None:
+            self._rank = hvd.rank()
+            atexit.register(self.report)
+        self.requested += 1
+        if old_key is None:
+            self._before_other += 1
+        else:
+            self._before_keys.add(old_key)
+        if key not in self.runs:
+            self.computed += 1
+            self.runs[key] = run()
+        return self.runs[key]
+
+    @property
+    def computed_before(self) -> int:
+        """How many of the requests served were computed before this cache."""
+        return self._before_other + len(self._before_keys)
+
+    def report(self) -> None:
+        if self._rank == 0:
+            print(f"stock reference runs: {self.requested} requested, {self.computed} computed "
+                  f"({self.computed_before} before the per-launch cache)", file=sys.stderr,
+                  flush=True)
+
+
+REFERENCES = ReferenceRuns()
+#: the stock runs of models up to this many trainable parameters keep their weights at every
+#: step (``Observer(record_steps=True)``: 24 copies), so a test can compare step by step
+STEP_RECORD_MAX_PARAMS = 100_000
+
+
 def train_fit(model_name: str, opt_name: str, wrap, seed: int = 3, epochs: int = EPOCHS,
               initial_epoch: int = 0, callbacks=(), validation: bool = False,
               restore: str | None = None, restore_optimizer: bool = True,
-              check_steps: bool = True) -> Result:
+              check_steps: bool = True, record_steps: bool = False) -> Result:
     """``model.fit`` for ``epochs`` x STEPS_PER_EPOCH steps, with ``OverlapCallback`` (a no-op
-    for strategies that defer nothing, and for stock Horovod) and Horovod's broadcast."""
+    for strategies that defer nothing, and for stock Horovod) and Horovod's broadcast.
+    ``restore_optimizer=False``: a negative control, the checkpoint's weights and step count
+    restored, its optimizer state not. ``record_steps``: see :class:`Observer`.
+
+    Stock Horovod (``wrap`` is ``stock``) without callbacks or a checkpoint to restore is a
+    reference: computed once per launch (``REFERENCES``), with validation and, for small
+    models, the weights at every step (neither changes a weight)."""
+    if wrap is stock and not callbacks and restore is None:
+        got = REFERENCES.get(("fit", model_name, opt_name, seed, epochs, initial_epoch),
+                             lambda: _stock_fit(model_name, opt_name, seed, epochs, initial_epoch))
+        assert not record_steps or got.steps, f"{model_name} is too big to record every step"
+        return got
+    return _train_fit(model_name, opt_name, wrap, seed, epochs, initial_epoch, callbacks,
+                      validation, restore, restore_optimizer, check_steps, record_steps)
+
+
+def _train_fit(model_name: str, opt_name: str, wrap, seed: int = 3, epochs: int = EPOCHS,
+               initial_epoch: int = 0, callbacks=(), validation: bool = False,
+               restore: str | None = None, restore_optimizer: bool = True,
+               check_steps: bool = True, record_steps: bool = False) -> Result:
     tf.keras.utils.set_random_seed(seed)
     model = MODELS[model_name]()
     opt = wrap(OPTIMIZERS[opt_name]())
     model.compile(optimizer=opt, loss=LOSS)
-    if restore:
+    if restore and restore_optimizer:
         model.load_weights(restore)
-        if not restore_optimizer:  # negative control: drop the restored sharded slot state
-            opt._hvdo.checkpoint_entry.pending = None
+    elif restore and getattr(getattr(opt, "_hvdo", None), "checkpoint_entry", None) is not None:
+        model.load_weights(restore)  # sharded: drop the restored slot state
+        opt._hvdo.checkpoint_entry.pending = None
+    elif restore:  # the weights (through a model without optimizer) and the step count only
+        donor = MODELS[model_name]()
+        donor.load_weights(restore).expect_partial()
+        model.set_weights(donor.get_weights())
+        opt.iterations.assign(initial_epoch * STEPS_PER_EPOCH)
     x, y = rank_data(model_name, BATCH * STEPS_PER_EPOCH)
     val = rank_data(model_name, BATCH * 2, seed=99) if validation else None
-    observer = Observer(val[0] if validation else None)
+    observer = Observer(val[0] if validation else None, record_steps=record_steps)
     model.fit(x, y, batch_size=BATCH, epochs=epochs, initial_epoch=initial_epoch, shuffle=False,
               verbose=0, validation_data=val,
               callbacks=[hvdo.OverlapCallback(), hvd.callbacks.BroadcastGlobalVariablesCallback(0),
@@ -262,16 +362,49 @@ def train_fit(model_name: str, opt_name: str, wrap, seed: int = 3, epochs: int =
     return Result(model, observer)
 
 
-_stock_runs: dict[tuple[str, str], Result] = {}
+def _stock_fit(model_name: str, opt_name: str, seed: int = 3, epochs: int = EPOCHS,
+               initial_epoch: int = 0) -> Result:
+    """A stock reference run: with validation, and the weights at every step if small."""
+    size = sum(int(np.prod(v.shape)) for v in MODELS[model_name]().trainable_variables)
+    return _train_fit(model_name, opt_name, stock, seed, epochs, initial_epoch,
+                      validation=True, record_steps=size <= STEP_RECORD_MAX_PARAMS)
 
 
 def stock_reference(model_name: str, opt_name: str) -> Result:
-    """Stock Horovod's ``train_fit`` run, computed once per (model, optimizer) on every rank
-    alike (ranks run the same tests in the same order, so they hit the cache alike)."""
-    key = (model_name, opt_name)
-    if key not in _stock_runs:  # validation and predictions inside fit change no weight
-        _stock_runs[key] = train_fit(model_name, opt_name, stock, validation=True)
-    return _stock_runs[key]
+    """Stock Horovod's ``train_fit`` run (with validation; the weights at every step for
+    small models), computed once per launch on every rank alike."""
+    return REFERENCES.get(("fit", model_name, opt_name, 3, EPOCHS, 0),
+                          lambda: _stock_fit(model_name, opt_name),
+                          old_key=(model_name, opt_name))
+
+
+def deferred_variables(opt) -> list[str]:
+    """The names of the variables whose buckets the plan brings in at the next step's start
+    (its forward phase), in forward order."""
+    return [v.name for b in opt.plan.phase_buckets("forward") for v in b.variables
+            if v.has_grad]
+
+
+def assert_updates_landed_a_step_late(got: Result, ref: Result, deferred: list[str]) -> None:
+    """Step by step (both runs with ``record_steps``): at the end of a step that left its
+    update pending, the ``deferred`` variables hold stock's weights of the step before (their
+    update not applied yet) and the others stock's weights of this step; at the end of the next
+    step the deferred ones hold at least this step's (it came in during that step). At the
+    end of a step with nothing pending every weight is stock's. And the deferral was visible:
+    some deferred update moved a weight by far more than the tolerance."""
+    assert len(got.steps) == len(ref.steps) == len(got.pending) + 1 > 1
+    assert deferred and set(deferred) <= set(got.names), (deferred, got.names)
+    late = {got.names.index(name) for name in deferred}
+    seen = 0.0
+    for t, pending in enumerate(got.pending, start=1):
+        for i, (a, now, before) in enumerate(zip(got.steps[t], ref.steps[t], ref.steps[t - 1],
+                                                 strict=True)):
+            want = before if pending and i in late else now
+            np.testing.assert_allclose(a, want, rtol=1e-5, atol=1e-6,
+                                       err_msg=f"step {t}, {got.names[i]}, pending {pending}")
+            if pending and i in late:
+                seen = max(seen, float(np.max(np.abs(now - before))))
+    assert seen > 1e-3, "no deferred update moved a weight: the check could not fail"
 
 
 def assert_fit_saw_stocks_weights(got: Result, ref: Result) -> None:
@@ -296,26 +429,55 @@ def step_for(model: tf.keras.Model, opt):
 def step_pair(opt_factory: Callable[[], tf.keras.optimizers.Optimizer], wrap_ours,
               model_name: str = "cnn_bn", steps: int = 6):
     """The same custom-loop steps with ``wrap_ours`` (through ``make_train_step``) and with
-    stock Horovod, seed 5; no flush. Returns (model, opt, ref_model, ref_opt)."""
+    stock Horovod, seed 5; no flush. Returns (model, opt, ref_model, ref_opt); the stock pair
+    is computed once per launch for an optimizer of that class and configuration."""
     tf.keras.utils.set_random_seed(5)
     model = MODELS[model_name]()
     opt = wrap_ours(opt_factory())
-    tf.keras.utils.set_random_seed(5)
-    ref_model = MODELS[model_name]()
-    ref_opt = hvd.DistributedOptimizer(opt_factory())
     x, y = rank_data(model_name, BATCH * steps)
+    batches = [(x[i * BATCH:(i + 1) * BATCH], y[i * BATCH:(i + 1) * BATCH])
+               for i in range(steps)]
     run = opt.make_train_step(step_for(model, opt))
-    ref_run = tf.function(step_for(ref_model, ref_opt))
-    for i in range(steps):
-        xb, yb = x[i * BATCH:(i + 1) * BATCH], y[i * BATCH:(i + 1) * BATCH]
+    for xb, yb in batches:
         run(xb, yb)
-        ref_run(xb, yb)
+    plain = opt_factory()
+
+    def reference() -> tuple[tf.keras.Model, Any]:
+        tf.keras.utils.set_random_seed(5)
+        ref_model = MODELS[model_name]()
+        ref_opt = hvd.DistributedOptimizer(plain)
+        ref_run = tf.function(step_for(ref_model, ref_opt))
+        for xb, yb in batches:
+            ref_run(xb, yb)
+        return ref_model, ref_opt
+    key = ("step_pair", model_name, steps, type(plain).__qualname__, repr(plain.get_config()))
+    ref_model, ref_opt = REFERENCES.get(key, reference)
     return model, opt, ref_model, ref_opt
+
+
+def stock_loop(model_name: str, opt_name: str, seed: int = 3) -> Result:
+    """The custom-loop reference: the plain optimizer, gradients averaged by Horovod's
+    ``DistributedGradientTape`` (computed once per launch, see ``train_loop``)."""
+    return train_loop(model_name, opt_name, lambda o: o, tape_wrap=hvd_tf.DistributedGradientTape,
+                      seed=seed)
 
 
 def train_loop(model_name: str, opt_name: str, wrap, tape_wrap=None,
                seed: int = 3) -> Result:
-    """A custom ``tf.GradientTape`` loop in a ``tf.function``: ``apply_gradients`` per step."""
+    """A custom ``tf.GradientTape`` loop in a ``tf.function``: ``apply_gradients`` per step;
+    ``deferred_steps`` counts the steps after which an update was pending. The stock
+    reference (``tape_wrap`` is Horovod's ``DistributedGradientTape`` and ``wrap`` returns the
+    optimizer as it is) is computed once per launch (``REFERENCES``)."""
+    if tape_wrap is hvd_tf.DistributedGradientTape:
+        plain = OPTIMIZERS[opt_name]()
+        if wrap(plain) is plain:
+            return REFERENCES.get(("loop", model_name, opt_name, seed),
+                                  lambda: _train_loop(model_name, opt_name, wrap, tape_wrap, seed))
+    return _train_loop(model_name, opt_name, wrap, tape_wrap, seed)
+
+
+def _train_loop(model_name: str, opt_name: str, wrap, tape_wrap=None,
+                seed: int = 3) -> Result:
     tf.keras.utils.set_random_seed(seed)
     model = MODELS[model_name]()
     opt = wrap(OPTIMIZERS[opt_name]())
@@ -334,13 +496,16 @@ def train_loop(model_name: str, opt_name: str, wrap, tape_wrap=None,
     # the documented custom-loop pair for deferring strategies: make_train_step ... flush
     run = opt.make_train_step(step, model) if hasattr(opt, "make_train_step") else \
         tf.function(step)
+    deferred = 0
     for xb, yb in ds:
         run(xb, yb)
+        deferred += int(bool(getattr(opt, "pending", False)))
     if hasattr(opt, "flush"):
         opt.flush()
     assert int(opt.iterations.numpy()) == EPOCHS * STEPS_PER_EPOCH
     result = Result(model)
     result.optimizer = opt
+    result.deferred_steps = deferred
     return result
 
 

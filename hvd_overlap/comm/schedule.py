@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 import tensorflow as tf
 
 from hvd_overlap.comm.methods import Grad, GradientMethod
+from hvd_overlap.core import mutants
 from hvd_overlap.core.plan import BACKWARD, Plan
 
 
@@ -46,7 +47,9 @@ def issue_forward(runs: Sequence[Callable[[], object]], pending: tf.Variable) ->
     """Run each function (one deferred bucket, forward order) after the previous one, only if
     ``pending``; then clear ``pending`` (the returned op)."""
     previous: list = []
-    for run in runs:
+    unordered = mutants.off("gather_order")
+    for run in reversed(runs) if unordered else runs:
+        previous = [] if unordered else previous
         def guarded(run=run):
             run()
             return tf.constant(True)

@@ -12,6 +12,8 @@ import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from hvd_overlap.core import mutants
+
 # Horovod 0.28.1 collectives support these dtypes (no bfloat16).
 SUPPORTED_DTYPES = frozenset(
     {"uint8", "int8", "int32", "int64", "float16", "float32", "float64"}
@@ -232,6 +234,8 @@ def build_layerwise_plan(
         for i, b in enumerate(buckets)
     ]
     backward = [b for b in made if b.phase == BACKWARD]
+    if mutants.off("bucket_order"):
+        backward.reverse()
     forward = [b for b in reversed(made) if b.phase == FORWARD]
     return Plan(strategy=strategy, bucket_bytes=bucket_bytes, buckets=tuple(backward + forward))
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
+from hvd_overlap.core import mutants
 from hvd_overlap.core.exchange import AUTO, NEVER, label_exchange, split_exchangeable
 from hvd_overlap.core.plan import (
     ALLREDUCE,
@@ -121,6 +122,8 @@ def _sharded_plan(name: str, defer: int, specs: Sequence[VarSpec], options: Plan
                           + (" (each rank's slice repeated P times: the all-gather's result "
                              "and bytes)" if gather == "alltoall" else "")))
     check_shard(options.shard, options.exchange != NEVER)
+    if mutants.off("sharded_update"):  # whole buckets on every rank, not slices
+        return _shard_dense_only(plan if options.exchange == NEVER else split_exchangeable(plan))
     if options.exchange == NEVER:
         return plan
     plan = split_exchangeable(plan)

@@ -9,6 +9,7 @@ from typing import Any
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
+from hvd_overlap.core import mutants
 from hvd_overlap.growth.policy import BatchGrowth, Growth
 
 __all__ = ["BatchSizeScheduler"]
@@ -123,6 +124,8 @@ class BatchSizeScheduler(tf.keras.callbacks.Callback):
         """An ``hvd-overlap`` optimizer choosing its plan (``strategy="auto"``) chooses again
         for the new batch (every rank: the policy's state was just broadcast), told how many
         steps the new batch will run (None: unknown) and by what factor it grew."""
+        if mutants.off("reconsider"):
+            return
         opt = self.model.optimizer
         opt = getattr(opt, "inner_optimizer", opt)  # mixed precision's LossScaleOptimizer
         reconsider = getattr(opt, "reconsider", None)

@@ -31,6 +31,7 @@ from typing import Any
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
+from hvd_overlap.core import mutants
 from hvd_overlap.core.exchange import (
     row_sizes,
 )
@@ -89,6 +90,8 @@ class ExchangedDense:
     def activate(self, rows: tuple[int, int], keep: bool = False) -> None:
         """From the next trace on, this rank owns kernel rows ``[start, stop)`` and the kernel
         gradient comes from the exchange; ``keep``: the forward too runs on the rows."""
+        if mutants.off("exchange"):
+            return
         self.rows, self.active, self.keep = rows, True, keep
 
     # -- what the executor asks, for the graph being built ---------------------------------

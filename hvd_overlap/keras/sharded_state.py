@@ -24,6 +24,7 @@ import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 
+from hvd_overlap.core import mutants
 from hvd_overlap.core.sharding import ShardLayout, join_slices, own_slice
 from hvd_overlap.keras import _compat
 from hvd_overlap.keras.state_scope import plugin_state
@@ -184,7 +185,7 @@ class ShardedCheckpoint(_compat.Trackable):
             for (slot, index, _), arr in zip(order, self.pending_plain, strict=True):
                 slots.setdefault(slot, {})[index] = arr
             self.slots, self.pending, self.pending_plain = slots, slots, None
-        if self.pending is not None:
+        if self.pending is not None and not mutants.off("resume"):
             sh.load_state(self.pending)
             self.pending = None
 

@@ -9,7 +9,7 @@ import os
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
-from hvd_overlap.core import choice
+from hvd_overlap.core import choice, mutants
 from hvd_overlap.keras import _compat
 
 #: Keras 2.15's Nadam multiplies its momentum-schedule product once per variable whose traced
@@ -43,7 +43,7 @@ def validate_sharding(optimizer) -> None:
             f"{type(optimizer).__name__} is not one of them (an update that needs whole "
             "tensors, like Adafactor's factored moments or a trust ratio, would be wrong). Use "
             "strategy='deferred' or 'layerwise'")
-    if type(optimizer) is tf.keras.optimizers.Nadam:
+    if type(optimizer) is tf.keras.optimizers.Nadam and not mutants.off("nadam_refusal"):
         raise ValueError(_NADAM.format(strategy="sharded"))
     if getattr(optimizer, "clipnorm", None) or getattr(optimizer, "global_clipnorm", None):
         raise ValueError(
@@ -59,7 +59,8 @@ def validate_deferring(optimizer, strategy: str) -> None:
     """What deferring updates cannot do exactly, refused up front: a strategy that applies
     the update itself bucket by bucket (``Strategy.splits_update``) cannot run Nadam."""
     splits = choice.get(strategy).splits_update
-    if splits and isinstance(optimizer, tf.keras.optimizers.Nadam):
+    if splits and isinstance(optimizer, tf.keras.optimizers.Nadam) \
+            and not mutants.off("nadam_refusal"):
         raise ValueError(_NADAM.format(strategy=strategy))
     if getattr(optimizer, "global_clipnorm", None):
         raise ValueError(f"global_clipnorm needs every gradient at once, but strategy "

@@ -61,7 +61,11 @@ def trainee(kind: str):
 
 def main(kinds: list[str]) -> None:
     hvd.init()
-    pin_rank()
+    pin_rank()  # a CPU core per rank; on GPUs, one GPU per rank as with Horovod:
+    gpus = tf.config.list_physical_devices("GPU")
+    if gpus:
+        tf.config.experimental.set_memory_growth(gpus[hvd.local_rank()], True)
+        tf.config.set_visible_devices(gpus[hvd.local_rank()], "GPU")
     data = tf.data.Dataset.from_tensors(synthetic_batch(32, seed=hvd.rank())).repeat()
     trainees = {k: trainee(k) for k in kinds}
     for rep in range(3):

@@ -54,6 +54,10 @@ from hvd_overlap.growth.data import fit_with_growth
 from hvd_overlap.growth.policy import BatchGrowth, Periodic
 
 hvd.init()
+_gpus = tf.config.list_physical_devices("GPU")
+if _gpus:  # one GPU per rank, as with Horovod
+    tf.config.experimental.set_memory_growth(_gpus[hvd.local_rank()], True)
+    tf.config.set_visible_devices(_gpus[hvd.local_rank()], "GPU")
 
 POLICIES = ["small", "large", "large-sqrt", "growth", "adabatch", "smith", "growth-sqrt"]
 SWEEP = ["growth-w20", "growth-w100", "growth-e2", "growth-e4"]  # w0 is adabatch

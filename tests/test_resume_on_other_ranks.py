@@ -19,7 +19,8 @@ ROOT = Path(__file__).parents[1]
 
 def _launch(ranks: int, *args: str) -> None:
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "TF_NUM_INTRAOP_THREADS": "1",
-           "TF_NUM_INTEROP_THREADS": "1", "PYTHONPATH": str(ROOT),
+           "TF_NUM_INTEROP_THREADS": "1", "PYTHONPATH": os.pathsep.join(
+               [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
            "HOROVOD_STALL_CHECK_TIME_SECONDS": "30", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "55"}
     horovodrun = Path(sys.executable).with_name("horovodrun")
     done = subprocess.run(

@@ -1,7 +1,9 @@
 """Keras API: ``DistributedOptimizer`` (drop-in for Horovod's) and callbacks."""
 
-# first: refuses a tf.keras that is Keras 3 (TF >= 2.16 without TF_USE_LEGACY_KERAS=1), naming
-# the fix, before anything else is imported or run
+# first: the stack (hvd_overlap.comm checks TensorFlow and Horovod), then the refusal of a
+# tf.keras that is Keras 3 (TF >= 2.16 without TF_USE_LEGACY_KERAS=1), each naming the fix,
+# before anything else is imported or run
+import hvd_overlap.comm  # noqa: F401
 from hvd_overlap.keras import _compat  # noqa: F401
 
 # isort: split

@@ -3,6 +3,9 @@
 - ``vgg``: communication-heavy VGG-style CNN, 6.4 M parameters (4.2 M in one 4096x1024 dense
   layer), the model of BRIEF.md's measurements.
 - ``resnet20``: the CIFAR ResNet-20 (He et al. 2016), 0.27 M parameters: compute-heavy.
+- ``resnet56``: the CIFAR ResNet-56, 0.86 M parameters in 173 trainable variables, 114 of them
+  small batch-norm ones: many small tensors, as deep CNNs have (Horovod negotiates and fuses
+  each one).
 - ``mlp``: large dense layers (3072-2048-2048-10), 10.5 M parameters: communication-bound.
 - ``cnn``: the CNN of ``examples/keras_digits.py`` / ``scripts/demo`` (4 conv+BN blocks, dense
   512), 1.1 M parameters.
@@ -56,16 +59,28 @@ def _residual(x: tf.Tensor, filters: int, stride: int) -> tf.Tensor:
     return L.ReLU()(L.Add()([y, shortcut]))
 
 
-def resnet20(tiny: bool = False) -> tf.keras.Model:
-    """ResNet-20 for CIFAR: a 3x3 conv, three stages of three basic blocks (16, 32, 64)."""
+def _cifar_resnet(blocks: int, name: str, tiny: bool) -> tf.keras.Model:
+    """The CIFAR ResNet (He et al. 2016): a 3x3 conv, three stages of ``blocks`` basic blocks
+    (16, 32, 64 filters), global pooling, the classifier."""
     inputs = L.Input(INPUT_SHAPE)
     x = L.ReLU()(L.BatchNormalization()(
         L.Conv2D(_w(16, tiny), 3, padding="same", use_bias=False)(inputs)))
     for stage, filters in enumerate((16, 32, 64)):
-        for block in range(3):
+        for block in range(blocks):
             x = _residual(x, _w(filters, tiny), 2 if stage and not block else 1)
     x = L.GlobalAveragePooling2D()(x)
-    return tf.keras.Model(inputs, L.Dense(NUM_CLASSES)(x), name="resnet20")
+    return tf.keras.Model(inputs, L.Dense(NUM_CLASSES)(x), name=name)
+
+
+def resnet20(tiny: bool = False) -> tf.keras.Model:
+    """ResNet-20 for CIFAR: three stages of three basic blocks; 65 trainable variables."""
+    return _cifar_resnet(3, "resnet20", tiny)
+
+
+def resnet56(tiny: bool = False) -> tf.keras.Model:
+    """ResNet-56 for CIFAR: three stages of nine basic blocks; 173 trainable variables, 114 of
+    them batch norm's (57 layers' gamma and beta, 64 floats or fewer each)."""
+    return _cifar_resnet(9, "resnet56", tiny)
 
 
 def mlp(tiny: bool = False) -> tf.keras.Model:
@@ -113,7 +128,8 @@ class BenchModel:
 
 
 MODELS: dict[str, BenchModel] = {
-    "vgg": BenchModel(vgg), "resnet20": BenchModel(resnet20), "mlp": BenchModel(mlp),
+    "vgg": BenchModel(vgg), "resnet20": BenchModel(resnet20), "resnet56": BenchModel(resnet56),
+    "mlp": BenchModel(mlp),
     "cnn": BenchModel(cnn), "text": BenchModel(text, tokens)}
 
 

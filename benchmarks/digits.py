@@ -1,6 +1,7 @@
-"""A CNN on scikit-learn's bundled digits, trained with Horovod + hvd-overlap under horovodrun.
+"""The demo's digits harness: a CNN on scikit-learn's bundled digits, trained with stock Horovod
+and hvd-overlap's strategies under horovodrun, side by side (``scripts/demo``, part 1).
 
-    horovodrun -np 2 -H localhost:2 --gloo python examples/keras_digits.py --strategies layerwise
+    horovodrun -np 2 -H localhost:2 --gloo python benchmarks/digits.py --strategies layerwise
 
 Each rank trains on its own shard of the training split. For every strategy named, a fresh model
 (same seed) is trained; strategies are interleaved ``--repeats`` times so that a noisy machine
@@ -9,7 +10,9 @@ affects them alike. Rank 0 prints held-out accuracy and samples/s side by side.
 ``stock`` is stock Horovod itself (``hvd.DistributedOptimizer``). A process asked for ``stock``
 alone never imports the plugin, so it is a clean baseline: ``scripts/demo`` launches it on its
 own, interleaved with launches of the plugin's strategies, collects every launch's ``--json`` and
-prints them side by side with ``--summarize FILE...`` (no Horovod needed for that).
+prints them side by side with ``--summarize FILE...`` (no Horovod needed for that). Run it as a
+file, not as ``python -m benchmarks.digits``: the package ``benchmarks`` imports the plugin's
+pure modules, which a stock launch must not. (The user's example is ``examples/quickstart.py``.)
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ STOCK = "stock"
 LOCAL = "local"
 #: What runs in the clean processes (the others run in processes with the plugin loaded).
 CLEAN = (STOCK, LOCAL)
-MODEL_NAMES = ("vgg", "resnet20", "mlp", "cnn", "text")
+MODEL_NAMES = ("vgg", "resnet20", "resnet56", "mlp", "cnn", "text")
 #: ``strategy="auto"``: measured when asked for (``--strategies ...,auto``), not by default
 AUTO = Auto.name
 #: ``NAME#K`` in ``--strategies`` (K >= 2): another, independent entry of the fixed strategy

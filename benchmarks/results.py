@@ -85,6 +85,7 @@ synthetic data, the same batch on a rank for every strategy:
 |---|---|---|---|
 | `vgg` | 6.4 M (4.2 M in one dense layer) | random 32x32x3 images | communication |
 | `resnet20` | 0.27 M | random 32x32x3 images | compute |
+| `resnet56` | 0.86 M in 173 tensors (114 batch norm) | random 32x32x3 images | many small tensors |
 | `mlp` | 10.5 M (3072-2048-2048-10) | random 32x32x3 images | communication, little compute |
 | `cnn` | 1.1 M (the demo's digits CNN) | random 32x32x3 images | neither |
 | `text` | 1.3 M (1.28 M in the embedding) | random token ids | sparse gradients |

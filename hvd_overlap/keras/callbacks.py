@@ -34,6 +34,9 @@ class OverlapCallback(tf.keras.callbacks.Callback):
 
     def __init__(self, flush_every: int | None = None, gather_state: bool = True):
         super().__init__()
+        # the batch logs as tensors: Keras then does not turn them into numbers (a host sync)
+        # at every step for this callback; it ends a step itself only while a check times it
+        self._supports_tf_logs = True
         if flush_every is not None and (not isinstance(flush_every, int) or flush_every < 1):
             raise ValueError(f"flush_every must be a positive number of batches, got "
                              f"{flush_every!r}")
@@ -43,6 +46,7 @@ class OverlapCallback(tf.keras.callbacks.Callback):
         self._replaced = None
         self._kind = StepKind.DEFER  # what the train function traced next does at its end
         self._functions: dict[StepKind, object] = {}
+        self._keras_function = None  # the one fit made, put back at its end (see on_train_end)
         self._started = 0.0
         self._steps_done = 0  # in this fit, across epochs (as ModelCheckpoint's save_freq)
         self._epoch_steps: list[float] = []  # this epoch's step times (s)
@@ -58,6 +62,11 @@ class OverlapCallback(tf.keras.callbacks.Callback):
         opt = self._optimizer()
         if opt is None or self._patched:
             return
+        # fit kept its train function since our last fit (no compile, no make_train_function
+        # since) and the model's own train_step is the same: ours, traced then, still hold
+        made = self.model.train_function
+        again = bool(self._functions) and made is not None and made is self._keras_function \
+            and vars(self.model).get("train_step") is self._replaced
         original = self.model.train_step
 
         def train_step(data):
@@ -83,7 +92,9 @@ class OverlapCallback(tf.keras.callbacks.Callback):
                 opt, getattr(self.model, method), lambda: opt.attach_model(self.model, loop)))
         self._patched = True
         opt.attach_model(self.model, loop)
-        self._make_train_functions()
+        self._keras_function = made
+        if not again:  # (a switch asked for since is taken at the first batch)
+            self._make_train_functions()
 
     def _make_train_functions(self) -> None:
         """Two train functions, each traced at its first call: one that defers (the usual
@@ -114,12 +125,16 @@ class OverlapCallback(tf.keras.callbacks.Callback):
             if opt is not None and opt.take_retrace():  # a plan switched between steps
                 self._make_train_functions()             # (auto's reconsider at a growth)
             self._kind = StepKind.LAND if self._checkpoint_due(batch) else StepKind.DEFER
-            _compat.set_train_function(self.model, self._functions[self._kind])
+            fn = self._functions[self._kind]
+            if self.model.train_function is not fn:  # Keras tracks every attribute set on a
+                _compat.set_train_function(self.model, fn)  # model: ms per step on deep ones
         self._started = time.perf_counter()
 
     def on_train_batch_end(self, batch, logs=None):
         opt = self._optimizer()
         if opt is not None:
+            if opt.checking:  # the step's outputs exist: it ended (on GPUs, not before)
+                _sync(logs)
             took = time.perf_counter() - self._started
             self._epoch_steps.append(took)
             # steady steps only: the first of an epoch follows a flush, a landing step lands
@@ -163,8 +178,22 @@ class OverlapCallback(tf.keras.callbacks.Callback):
             _compat.restore_method(self.model, "train_step", self._replaced)
             for method in ("set_weights", "load_weights"):
                 _compat.restore_method(self.model, method)
-            _compat.forget_train_function(self.model)
+            # fit's own function, never called, traces the model's train_step if a later fit
+            # runs without this callback; with it, that fit finds its functions again: no
+            # retrace per fit (a fixed plan without the callback keeps Keras's as well)
+            if self._keras_function is not None:
+                _compat.set_train_function(self.model, self._keras_function)
+            else:
+                _compat.forget_train_function(self.model)
             self._patched = False
+
+
+def _sync(logs) -> None:
+    """Wait for the step whose outputs ``logs`` holds (one is enough: they end together)."""
+    for value in (logs or {}).values():
+        if hasattr(value, "numpy"):
+            value.numpy()
+            return
 
 
 def _flushing_first(opt, method, after):

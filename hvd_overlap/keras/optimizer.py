@@ -15,9 +15,12 @@ import warnings
 from dataclasses import replace
 
 import horovod.tensorflow as hvd
+import tensorflow as tf
 
 from hvd_overlap.comm.methods import CommSettings, GradientMethod, SliceMethod, default_method
+from hvd_overlap.comm.methods import StockHorovod as StockHorovodMethod
 from hvd_overlap.comm.planner import Planner
+from hvd_overlap.core import mutants
 from hvd_overlap.core.autoplan import Candidate
 from hvd_overlap.core.choice import Auto, StockHorovod, Strategy, for_accumulation
 from hvd_overlap.core.exchange import AUTO, NEVER
@@ -150,7 +153,7 @@ class _DistributedMixin:
         """What ``compute_gradients`` returns: global gradients, except inside ``minimize``."""
         grads_and_vars = list(grads_and_vars)
         handoff = self._hvdo.handoff
-        if handoff.computes is Gradients.LOCAL:
+        if handoff.computes is Gradients.LOCAL or mutants.off("skip_agreement"):
             return grads_and_vars
         variables = [v for _, v in grads_and_vars]
         grads = self._hvdo.reduce_now([g for g, _ in grads_and_vars], variables)
@@ -178,6 +181,13 @@ class _DistributedMixin:
         ``strategy="auto"`` times its candidate plans with it; ``OverlapCallback`` and
         ``make_train_step`` call it on every rank after every step. A no-op otherwise."""
         self._hvdo.observe_step(seconds, usable)
+
+    @property
+    def checking(self) -> bool:
+        """True while ``strategy="auto"`` (or the exchange's ``exchange_forward="auto"``) times
+        its steps to choose: ``OverlapCallback`` then waits for each step's end before timing
+        it. False once the choice is final (until a ``reconsider``)."""
+        return self._hvdo.checking
 
     def attach_model(self, model, loop: TrainLoop = TrainLoop.CUSTOM) -> None:
         """The model this optimizer trains (before the first step), and who runs its steps
@@ -368,6 +378,8 @@ def DistributedOptimizer(  # noqa: N802 -- same name as Horovod's factory
                               shard=c.shard)
         planner = Planner(st, options, sparse_as_dense)
         method = default_method(sets, fused_by_horovod=c.strategy == "horovod", shards=st.shards)
+        if isinstance(method, StockHorovodMethod):
+            method = _StockFunction(sets)
         return make_executor(st, wrapped, plain, planner, method, sets,
                              backward_passes_per_step, average_aggregated_gradients,
                              MirroredShardedExecutor if isinstance(chosen, Auto)
@@ -385,6 +397,17 @@ def DistributedOptimizer(  # noqa: N802 -- same name as Horovod's factory
     if entry is not None:  # sharded state: a checkpoint dependency, saved and restored with it
         _compat.track_child(wrapped, entry, name="hvd_overlap_sharded_state")
     return wrapped
+
+
+class _StockFunction(StockHorovodMethod):
+    """Stock Horovod's gradient function made as stock makes it, eagerly (``hvd.Distributed
+    Optimizer`` does so in ``__init__``): Horovod then wraps it in a ``tf.function``, so the
+    train step calls it as stock's does -- the same ops, conds and names -- instead of
+    holding them inline (what a function made while the step is traced gets)."""
+
+    def _fn(self):
+        with tf.init_scope():
+            return super()._fn()
 
 
 def _accumulating_plan(chosen: Strategy, passes: int) -> Strategy:

@@ -181,7 +181,7 @@ def test_a_rank_late_to_the_link_probe_is_not_timed_as_the_link(monkeypatch):
     def late(kind, x, name):
         if not first and hvd_tf.rank() == 1:
             m = tf.fill([1500, 1500], tf.reduce_sum(x) + 1.0)  # from x: not folded away
-            for _ in range(6):  # about 0.4 s on one core
+            for _ in range(12):  # about 0.8 s on one core
                 m = tf.matmul(m, m) * 1e-3
             x = x + 1e-30 * tf.reduce_sum(m)
         first.append(name)
@@ -189,7 +189,9 @@ def test_a_rank_late_to_the_link_probe_is_not_timed_as_the_link(monkeypatch):
 
     monkeypatch.setattr(probe, "_collective", late)
     got = probe.measure_link("test.link.late", repeats=4, probe_bytes=1 << 20)
-    assert got.per_collective_s < 0.02, got
+    # the wait timed as the link would read about 0.1 s per collective; the real fixed cost is
+    # a few ms, and stays below 0.05 s with a build running beside the test
+    assert got.per_collective_s < 0.05, got
 
 
 def _times(monkeypatch, ms: dict[Candidate, list[float]]) -> list[Candidate]:

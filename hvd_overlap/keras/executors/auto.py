@@ -42,7 +42,7 @@ import tensorflow as tf
 from hvd_overlap.comm.link import agree, cluster_of, measure_link
 from hvd_overlap.comm.methods import Grad, GradientMethod, SliceMethod
 from hvd_overlap.comm.planner import Planner
-from hvd_overlap.core import autoplan
+from hvd_overlap.core import autoplan, mutants
 from hvd_overlap.core.autoplan import Candidate
 from hvd_overlap.core.exchange import AUTO
 from hvd_overlap.core.plan import Plan, VarSpec
@@ -102,8 +102,10 @@ class AutoExecutor(Executor):
         self._specs: tuple[VarSpec, ...] | None = None  # what the last plan was built for
         self._unrun_plan: Plan | None = None  # the current plan before its first trace
         self.loop = TrainLoop.CUSTOM
-        #: the model's dense layers, patched once for the exchange plans (see attach_model)
-        self._dense = DenseExchanges(AUTO, settings, self._marks.installed)
+        #: the model's dense layers, patched once for the exchange plans (see attach_model);
+        #: they take their patched path only in train steps traced while ``_dense_path``
+        self._dense = DenseExchanges(AUTO, settings, self._in_patched_step)
+        self._traced_dense_path: bool | None = None  # _dense_path when last traced
         self.left_out: list[str] = []  # plans not considered, and why (said in the plan)
         self._start_check("start")
         self.choices: list[dict[str, Any]] = []  # every choice made, one per batch phase
@@ -163,10 +165,24 @@ class AutoExecutor(Executor):
         if isinstance(self._child, MirroredShardedExecutor):
             self._child.reload()
 
+    @property
+    def _dense_path(self) -> bool:
+        """True while the patched dense layers take their own path in train steps: during a
+        check (they record the batch they see, which prices the exchange) and while a plan
+        with the exchange runs. Settled on a plan without it, they compute as Keras's and
+        record nothing, so the train function is the one that plan runs fixed."""
+        return not self.settled or bool(self.current.exchange)
+
+    def _in_patched_step(self) -> bool:
+        """For the patched layers: the graph being built is a train step (it runs the
+        pre-forward phase) in which they take their own path (``_dense_path``)."""
+        return self._dense_path and self._marks.installed()
+
     def apply_gradients(self, grads: list[Grad], variables: list[tf.Variable],
                         args: tuple, kwargs: dict,
                         gradients: Gradients = Gradients.LOCAL) -> Any:
         self.traces += 1  # Python runs here only while a train function is traced
+        self._traced_dense_path = self._dense_path
         if not self._marks.installed():
             self._marks.warn_once(f"it cannot time its plans: it keeps {self.current.describe()}")
         return self.child().apply_gradients(grads, variables, args, kwargs,
@@ -187,7 +203,13 @@ class AutoExecutor(Executor):
         return self.child().pending
 
     def take_retrace(self) -> bool:
+        """True once after a switch, and once when the patched dense layers' path changes
+        (the check settled on a plan without the exchange: its train function records
+        nothing; a reconsider: the check records batches again)."""
         switched, self._switched = self._switched, False
+        traced = self._traced_dense_path
+        if self._dense.layers and traced is not None and traced != self._dense_path:
+            self._traced_dense_path, switched = self._dense_path, True
         return self.child().take_retrace() or switched
 
     # -- the Keras hooks and the sharded state: the current plan's ----------------------------
@@ -270,6 +292,10 @@ class AutoExecutor(Executor):
         step = self._clock.observe(seconds, usable, traced)
         if step is not None:
             self._trial_done(step)
+
+    @property
+    def checking(self) -> bool:
+        return not self.settled
 
     def _agree(self, values: list[float]) -> list[float]:
         self._decisions += 1
@@ -409,10 +435,18 @@ class AutoExecutor(Executor):
         # time them too (the same pool, so the same answer, on every rank)
         sharded = any(c.strategy in autoplan.SHARDED for c in candidates)
         link = measure_link(f"{self.settings.name}.auto.link", phases=sharded)
+        if "allreduce" in link.unmeasured:  # no rate to predict any plan with
+            self.reason = ("the link probe could not tell a 64 MiB allreduce from a 4-byte one "
+                           f"({link.per_collective_s * 1e3:.2f} ms): nothing to predict, "
+                           f"keeping {self.probe.describe()}")
+            self._say(f"{self.label}: {self.reason}")
+            return []
         cluster = cluster_of(link)
         fitted = autoplan.fit_compute(profile, cluster, self.probe, probe_s)
         pool, self.left_out = usable_pool(candidates, self.loop, self.settings,
                                           self.local_refs)
+        pool, unpriced = _priced(pool, link.unmeasured, self.settings.gather_with)
+        self.left_out += unpriced
         ranked = autoplan.rank(fitted, cluster, pool)
         self._fitted = (fitted, cluster, pool)
         self.predicted = {c: r.step_s for c, r in ranked}
@@ -426,10 +460,11 @@ class AutoExecutor(Executor):
                            f"{self.probe.describe()} {probe_s * 1e3:.1f} ms/step" + (
                                f" (best: {best.describe()} {result.step_s * 1e3:.1f} ms)"
                                if result is not None else "") + ": nothing to measure")
-        rates = [f"{k} {r / 1e6:.0f}" for k, r in (
-            ("reduce-scatter", link.reduce_scatter_bandwidth),
-            ("all-gather", link.allgather_bandwidth), ("alltoall", link.alltoall_bandwidth))
-            if r is not None]
+        rates = [f"{k} {r / 1e6:.0f}" if r is not None else f"{k} unmeasured" for k, r, phase
+                 in (("reduce-scatter", link.reduce_scatter_bandwidth, "reducescatter"),
+                     ("all-gather", link.allgather_bandwidth, "allgather"),
+                     ("alltoall", link.alltoall_bandwidth, "alltoall"))
+                 if r is not None or phase in link.unmeasured]
         self._say(f"{self.label}: link {link.bandwidth / 1e6:.0f} MB/s"
                   + (f" ({', '.join(rates)} MB/s)" if rates else "") + ", "
                   f"{link.per_collective_s * 1e3:.2f} ms per collective; probe "
@@ -457,17 +492,17 @@ class AutoExecutor(Executor):
     def _switch(self, c: Candidate) -> None:
         """Run ``c`` from the next step: land what the current plan left pending (every rank),
         then ask for a new train function."""
-        if c == self.current:
+        if c == self.current or mutants.off("auto_never_switches"):
             return
         old = self.child()
         old.flush()
-        if isinstance(old, MirroredShardedExecutor):  # its state back into the whole slots
-            old.release()
+        if isinstance(old, MirroredShardedExecutor) and not mutants.off("auto_drops_state"):
+            old.release()  # its state back into the whole slots
         if old.last_plan is not None:  # the variables planned for, until c traces its own
             self._specs = old.last_plan.variables
         self._child, self.current, self._unrun_plan = None, c, None
-        if old.checkpoint_entry is not None:  # sharded: the slot state is re-cut for c's slices
-            old.state.hand_over(self.child().state)
+        if old.checkpoint_entry is not None and not mutants.off("auto_drops_state"):
+            old.state.hand_over(self.child().state)  # sharded: slot state re-cut for c's slices
         self.switches += 1
         self._switched = True
 
@@ -475,3 +510,23 @@ class AutoExecutor(Executor):
         self.log.append(message)
         if hvd.rank() == 0:
             print(f"hvd_overlap: {message}", file=sys.stderr, flush=True)
+
+
+def _priced(pool: Sequence[Candidate], unmeasured: Sequence[str], gather_with: str
+            ) -> tuple[list[Candidate], list[str]]:
+    """The candidates whose collectives the link probe measured, and what was left out: the
+    sharded plans need the reduce-scatter and the gather (``gather_with``), the exchange the
+    alltoall and the all-gather. (Ranked by a rate not measured, they would be ranked by the
+    allreduce's, which Gloo's phases do not run at.)"""
+    if not unmeasured:
+        return list(pool), []
+    gather = "alltoall" if gather_with == "alltoall" else "allgather"
+
+    def needs(c: Candidate) -> set[str]:
+        used = {"reducescatter", gather} if c.strategy in autoplan.SHARDED else set()
+        return used | ({"alltoall", "allgather"} if c.exchange else set())
+    kept = [c for c in pool if not needs(c) & set(unmeasured)]
+    if len(kept) == len(pool):
+        return kept, []
+    return kept, [f"the plans on {', '.join(sorted(set(unmeasured)))}: the link probe could not "
+                  "measure their rate"]

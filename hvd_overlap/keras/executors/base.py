@@ -152,6 +152,11 @@ class Executor:
     def observe_step(self, seconds: float, usable: bool = True) -> None:
         """A train step took ``seconds`` on this rank (``auto`` times its plans with it)."""
 
+    @property
+    def checking(self) -> bool:
+        """True while an online check times the steps (``observe_step`` reads them)."""
+        return False
+
     def attach_model(self, model: Any, loop: TrainLoop = TrainLoop.CUSTOM) -> None:
         """The model being trained (``auto`` reads its layers' FLOPs), and who runs its steps."""
 

@@ -165,6 +165,10 @@ class ShardedExecutor(NextStepExecutor):
         """True once the plan is final (the exchange decided and checked)."""
         return self.exchange.settled
 
+    @property
+    def checking(self) -> bool:
+        return not self.settled
+
     def pre_forward(self) -> None:
         """The deferred gathers, at the start of a train step; called again at its end (a
         landing step: ``OverlapCallback``'s checkpoint points), every gather left."""

@@ -215,6 +215,17 @@ def assert_one_after_another(ops: list[Any], what: str) -> None:
         assert a in ancestors(b), f"{what}: {b.name} does not wait for {a.name}"
 
 
+def assert_forward_phase_chained(rec: Recording, fwd: list[int], what: str) -> None:
+    """The traced step's pre-forward branches are exactly the buckets ``fwd``, one after another
+    in that order, and the first layer's forward waits for the first and for no later one."""
+    branches = forward_branches(rec.graph)
+    assert sorted(branches) == sorted(fwd), sorted(branches)
+    assert_one_after_another([branches[k] for k in fwd], what)
+    waits = ancestors(rec.first_layer)
+    assert branches[fwd[0]] in waits
+    assert not {branches[k] for k in fwd[1:]} & waits, f"the first layer waits for later {what}"
+
+
 # -- the timeline ------------------------------------------------------------------------------
 
 def assert_on_the_wire_one_by_one(trips: list[Collective], what: str) -> None:
@@ -293,12 +304,7 @@ def test_deferred_buckets_go_out_in_forward_order_under_the_next_forward():
 
     decided(verdict)
     # why it must be so, in the traced step
-    branches = forward_branches(rec.graph)
-    assert sorted(branches) == sorted(fwd), sorted(branches)
-    assert_one_after_another([branches[k] for k in fwd], "deferred buckets")
-    waits = ancestors(rec.first_layer)
-    assert branches[fwd[0]] in waits
-    assert not {branches[k] for k in fwd[1:]} & waits, "the first layer waits for later buckets"
+    assert_forward_phase_chained(rec, fwd, "deferred buckets")
 
 
 def test_sharded_scatters_under_backprop_and_gathers_in_forward_order_under_the_forward():
@@ -335,12 +341,7 @@ def test_sharded_scatters_under_backprop_and_gathers_in_forward_order_under_the_
 
     decided(verdict)
     # why it must be so, in the traced step
-    gathers = forward_branches(rec.graph)
-    assert sorted(gathers) == sorted(fwd), sorted(gathers)
-    assert_one_after_another([gathers[k] for k in fwd], "all-gathers")
-    waits = ancestors(rec.first_layer)
-    assert gathers[fwd[0]] in waits
-    assert not {gathers[k] for k in fwd[1:]} & waits, "the first layer waits for later gathers"
+    assert_forward_phase_chained(rec, fwd, "all-gathers")
     scatters = {k: op for k, op in collectives(rec.graph).items()
                 if op.type == "HorovodReducescatter"}
     assert sorted(scatters) == sorted(fwd), sorted(op.name for op in scatters.values())

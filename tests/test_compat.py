@@ -1,7 +1,7 @@
-"""The Keras/TF/Horovod internals ``hvd_overlap/keras/_compat.py`` relies on still exist.
+"""The Keras/TF/Horovod internals ``hvd_overlap/keras/keras_api.py`` relies on still exist.
 
 Single process. On a Keras (or TF, Horovod) upgrade this file fails first, naming the version or
-the attribute: re-check ``hvd_overlap/keras/_compat.py`` against the new release.
+the attribute: re-check ``hvd_overlap/keras/keras_api.py`` against the new release.
 """
 
 import importlib
@@ -16,11 +16,11 @@ import pytest
 import tensorflow as tf
 
 import hvd_overlap
-from hvd_overlap.keras import _compat
+from hvd_overlap.adapters import keras_api
 from hvd_overlap.keras.optimizer import _DistributedMixin
 from hvd_overlap.keras.sharded_state import ShardedCheckpoint
 
-RECHECK = "re-check hvd_overlap/keras/_compat.py against the installed Keras/TF/Horovod"
+RECHECK = "re-check hvd_overlap/keras/keras_api.py against the installed Keras/TF/Horovod"
 
 
 def _has(obj, name: str) -> None:
@@ -37,11 +37,11 @@ def _built_adam():
 def test_the_installed_keras_is_a_version_the_adapter_was_checked_with():
     keras = sys.modules[tf.keras.__name__.split(".")[0]]  # keras (or tf_keras) behind tf.keras
     minor = ".".join(keras.__version__.split(".")[:2])
-    assert minor in _compat.KERAS_VERSIONS, (
-        f"tf.keras is {keras.__name__} {keras.__version__}, hvd_overlap/keras/_compat.py was "
-        f"checked with {', '.join(_compat.KERAS_VERSIONS)}: {RECHECK}, then add it to "
+    assert minor in keras_api.KERAS_VERSIONS, (
+        f"tf.keras is {keras.__name__} {keras.__version__}, hvd_overlap/keras/keras_api.py was "
+        f"checked with {', '.join(keras_api.KERAS_VERSIONS)}: {RECHECK}, then add it to "
         f"KERAS_VERSIONS")
-    assert _compat.keras_behind_tf_keras() == (keras.__name__, keras.__version__)
+    assert keras_api.keras_behind_tf_keras() == (keras.__name__, keras.__version__)
 
 
 def test_keras_optimizers_keep_the_internals_the_adapter_uses():
@@ -53,13 +53,13 @@ def test_keras_optimizers_keep_the_internals_the_adapter_uses():
         f"{RECHECK}"
     assert list(opt.variables) == list(opt._variables), RECHECK
     _has(var, "_shared_name")
-    slots = _compat.slot_variables(opt)
-    assert [_compat.slot_of(v) for v in slots] == [
-        ("m", _compat.shared_name(var)), ("v", _compat.shared_name(var))], (
+    slots = keras_api.slot_variables(opt)
+    assert [keras_api.slot_of(v) for v in slots] == [
+        ("m", keras_api.shared_name(var)), ("v", keras_api.shared_name(var))], (
         f"Keras names slots differently ({[v.name for v in slots]}): {RECHECK}")
-    assert _compat.uses_weight_decay(opt, var) is True
-    assert [h.name for h in _compat.hyper_variables(opt)] == [opt._learning_rate.name]
-    assert _compat.legacy_compute_gradients(super(type(opt), opt)) is None
+    assert keras_api.uses_weight_decay(opt, var) is True
+    assert [h.name for h in keras_api.hyper_variables(opt)] == [opt._learning_rate.name]
+    assert keras_api.legacy_compute_gradients(super(type(opt), opt)) is None
 
 
 def test_keras_optimizers_save_their_variables_in_the_layout_the_adapter_writes():
@@ -67,37 +67,37 @@ def test_keras_optimizers_save_their_variables_in_the_layout_the_adapter_writes(
     store: dict = {}
     opt.save_own_variables(store)
     ours: dict = {}
-    _compat.fill_store(ours, [v.numpy() for v in opt.variables])
+    keras_api.fill_store(ours, [v.numpy() for v in opt.variables])
     assert sorted(store) == sorted(ours), RECHECK
-    assert all(np.array_equal(a, b) for a, b in zip(_compat.read_store(store),
-                                                     _compat.read_store(ours), strict=True))
+    assert all(np.array_equal(a, b) for a, b in zip(keras_api.read_store(store),
+                                                     keras_api.read_store(ours), strict=True))
 
 
 def test_legacy_optimizers_keep_the_internals_the_adapter_uses():
     var = tf.Variable(tf.zeros([3]), name="compat_legacy")
     opt = tf.keras.optimizers.legacy.Adam(0.1)
-    assert _compat.is_legacy_optimizer(opt)
+    assert keras_api.is_legacy_optimizer(opt)
     for name in ("_create_all_weights", "_create_hypers", "_hyper", "_slots", "_weights",
                  "_compute_gradients", "_trackable_children"):
         _has(opt, name)
-    _compat.create_legacy_slots(opt, [var])
+    keras_api.create_legacy_slots(opt, [var])
     assert opt.get_slot(var, "m") is not None
     assert {id(v) for d in opt._slots.values() for v in d.values()} >= {
         id(opt.get_slot(var, "m")), id(opt.get_slot(var, "v"))}, RECHECK
-    names = sorted(h.name.split(":")[0].split("/")[-1] for h in _compat.hyper_variables(opt))
+    names = sorted(h.name.split(":")[0].split("/")[-1] for h in keras_api.hyper_variables(opt))
     assert names == ["beta_1", "beta_2", "decay", "learning_rate"], RECHECK
     nadam = tf.keras.optimizers.legacy.Nadam(0.1)
-    cache = _compat.legacy_nadam_momentum_cache(nadam, [var])
+    cache = keras_api.legacy_nadam_momentum_cache(nadam, [var])
     assert isinstance(cache, tf.Variable), f"legacy Nadam has no _m_cache variable: {RECHECK}"
 
 
 def test_tf_and_keras_keep_the_graph_layer_and_trackable_internals():
     layer = tf.keras.layers.Dense(2)
     _has(layer, "_compute_dtype_object")
-    assert _compat.compute_dtype_object(layer) == tf.float32
+    assert keras_api.compute_dtype_object(layer) == tf.float32
     for name in ("_serialize_to_tensors", "_restore_from_tensors", "_trackable_children",
                  "_track_trackable"):
-        assert hasattr(_compat.Trackable, name), f"Trackable has no {name!r}: {RECHECK}"
+        assert hasattr(keras_api.Trackable, name), f"Trackable has no {name!r}: {RECHECK}"
     seen = []
 
     @tf.function
@@ -105,14 +105,14 @@ def test_tf_and_keras_keep_the_graph_layer_and_trackable_internals():
         return tf.cond(tf.constant(True), lambda: inner(), lambda: tf.constant(0))
 
     def inner():
-        seen.append(list(_compat.enclosing_graphs()))
+        seen.append(list(keras_api.enclosing_graphs()))
         return tf.constant(1)
 
     outer()
     graphs = seen[0]
     assert len(graphs) >= 3, f"FuncGraph.outer_graph does not lead out of a tf.cond: {RECHECK}"
-    assert all(_compat.outer_graph(g) is h for g, h in zip(graphs, graphs[1:], strict=False))
-    assert _compat.outer_graph(graphs[-1]) is None
+    assert all(keras_api.outer_graph(g) is h for g, h in zip(graphs, graphs[1:], strict=False))
+    assert keras_api.outer_graph(graphs[-1]) is None
 
 
 def test_horovod_keeps_its_gradient_function():
@@ -126,12 +126,12 @@ def test_horovod_keeps_its_gradient_function():
 
 def test_every_hook_name_is_defined_by_us_and_called_by_keras_tf_or_horovod():
     ours = {"_DistributedMixin": _DistributedMixin, "ShardedCheckpoint": ShardedCheckpoint}
-    bases = {"_trackable_children": _compat.Trackable,
+    bases = {"_trackable_children": keras_api.Trackable,
              "_apply_weight_decay": tf.keras.optimizers.Optimizer,
              "_compute_gradients": tf.keras.optimizers.legacy.Optimizer,
-             "_serialize_to_tensors": _compat.Trackable,
-             "_restore_from_tensors": _compat.Trackable}
-    for owner, name, _caller in _compat.HOOK_NAMES:
+             "_serialize_to_tensors": keras_api.Trackable,
+             "_restore_from_tensors": keras_api.Trackable}
+    for owner, name, _caller in keras_api.HOOK_NAMES:
         assert name in vars(ours[owner]), (owner, name)
         if name in bases:
             assert hasattr(bases[name], name), f"{bases[name].__name__}.{name}: {RECHECK}"
@@ -148,7 +148,7 @@ def test_patching_a_keras_method_takes_effect_and_is_undone():
         calls["step"] += 1
         return original(data)
 
-    assert _compat.patch_method(model, "train_step", train_step) is None
+    assert keras_api.patch_method(model, "train_step", train_step) is None
 
     class Choose(tf.keras.callbacks.Callback):
         def on_train_begin(self, logs=None):
@@ -158,15 +158,15 @@ def test_patching_a_keras_method_takes_effect_and_is_undone():
             def counted(iterator):
                 calls["function"] += 1
                 return self.fn(iterator)
-            _compat.set_train_function(self.model, counted)
+            keras_api.set_train_function(self.model, counted)
 
     x = np.ones((4, 2), np.float32)
     model.fit(x, x[:, :1], batch_size=2, epochs=1, verbose=0, callbacks=[Choose()])
     assert calls["step"] >= 1, f"make_train_function ignored the patched train_step: {RECHECK}"
     assert calls["function"] == 2, f"fit no longer reads train_function per step: {RECHECK}"
-    _compat.restore_method(model, "train_step")
+    keras_api.restore_method(model, "train_step")
     assert "train_step" not in vars(model)
-    _compat.forget_train_function(model)
+    keras_api.forget_train_function(model)
     assert model.train_function is None
 
 
@@ -176,7 +176,6 @@ def test_patching_a_keras_method_takes_effect_and_is_undone():
 def test_only_the_adapter_reaches_tf_keras_or_horovod_internals(pattern):
     root = Path(hvd_overlap.__file__).parent
     for package in ("comm", "keras", "growth"):
-        for f in sorted((root / package).rglob("*.py")):
-            if f.name != "_compat.py":
-                hits = [line for line in f.read_text().splitlines() if re.search(pattern, line)]
-                assert not hits, (f, hits)
+        for f in sorted((root / package).rglob("*.py")):  # only hvd_overlap/adapters may
+            hits = [line for line in f.read_text().splitlines() if re.search(pattern, line)]
+            assert not hits, (f, hits)

@@ -19,7 +19,7 @@ import pytest
 import tensorflow as tf
 
 import hvd_overlap.keras
-from hvd_overlap.keras import _compat
+from hvd_overlap.adapters import keras_api
 
 JOB = Path(__file__).parent / "jobs" / "keras3_import.py"
 FIX = ("tf-keras==2.17.*", "export TF_USE_LEGACY_KERAS=1 before TensorFlow is imported")
@@ -46,7 +46,7 @@ needs_keras_3 = pytest.mark.skipif(
 @pytest.fixture
 def keras_3(monkeypatch):
     """Make this process look like TF 2.17 whose ``tf.keras`` is ``keras`` 3.6.0."""
-    monkeypatch.setattr(_compat, "keras_behind_tf_keras", lambda: ("keras", "3.6.0"))
+    monkeypatch.setattr(keras_api, "keras_behind_tf_keras", lambda: ("keras", "3.6.0"))
     monkeypatch.setattr(tf, "__version__", "2.17.1")
 
 
@@ -54,11 +54,11 @@ def keras_3(monkeypatch):
     ("2.15.1", "keras", "2.15.0"), ("2.17.1", "tf_keras", "2.17.0"),
     ("2.16.2", "tf_keras", "2.16.0")])
 def test_keras_2_behind_tf_keras_is_accepted(tf_version, package, version):
-    assert _compat.keras_3_message(tf_version, package, version) is None
+    assert keras_api.keras_3_message(tf_version, package, version) is None
 
 
 def test_keras_3_behind_tf_keras_is_refused_with_the_fix():
-    message = _compat.keras_3_message("2.17.1", "keras", "3.6.0")
+    message = keras_api.keras_3_message("2.17.1", "keras", "3.6.0")
     assert message is not None
     assert "keras 3.6.0 (Keras 3)" in message
     for fix in FIX:
@@ -66,14 +66,14 @@ def test_keras_3_behind_tf_keras_is_refused_with_the_fix():
 
 
 def test_the_installed_tf_keras_is_read_from_the_package_tf_keras_resolves_to():
-    package, version = _compat.keras_behind_tf_keras()
+    package, version = keras_api.keras_behind_tf_keras()
     assert package in ("keras", "tf_keras")
     assert version == sys.modules[package].__version__
-    _compat.require_keras_2()  # this process runs the plugin: Keras 2
+    keras_api.require_keras_2()  # this process runs the plugin: Keras 2
 
 
 def test_constructing_the_optimizer_under_keras_3_fails_before_anything_else(keras_3):
-    with pytest.raises(_compat.KerasVersionError) as err:
+    with pytest.raises(keras_api.KerasVersionError) as err:
         hvd_overlap.keras.DistributedOptimizer(tf.keras.optimizers.SGD(0.1))
     for fix in FIX:
         assert fix in str(err.value)
@@ -117,7 +117,7 @@ def test_the_real_keras_3_optimizer_is_refused_under_legacy_keras():
         pytest.fail(f"TensorFlow {tf.__version__} should come with the keras 3 package")
     import keras  # the Keras 3 package; tf.keras is tf_keras here (TF_USE_LEGACY_KERAS=1)
 
-    assert _compat.keras_behind_tf_keras()[0] == "tf_keras"
+    assert keras_api.keras_behind_tf_keras()[0] == "tf_keras"
     with pytest.raises(TypeError, match=r"Keras 3 optimizer .*tf\.keras\.optimizers\.Adam"):
         hvd_overlap.keras.DistributedOptimizer(keras.optimizers.Adam(0.1))
 

@@ -23,6 +23,7 @@ from typing import Any
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
+from hvd_overlap.adapters import keras_api
 from hvd_overlap.comm.collectives import (
     all_gather,
     allreduce_bucket,
@@ -110,10 +111,8 @@ class StockHorovod(GradientMethod):
     allreduce per gradient, fused by Horovod each cycle (``groups`` as Horovod's)."""
 
     def _fn(self):
-        from hvd_overlap.keras import _compat  # imported by hvd_overlap.keras: not at the top
-
         s = self.settings
-        return _compat.horovod_allreduce_grads_fn(  # the function stock Horovod uses
+        return keras_api.horovod_allreduce_grads_fn(  # the function stock Horovod uses
             s.name, s.device_dense, s.device_sparse, s.compression, s.sparse_as_dense, s.op,
             s.gradient_predivide_factor, s.groups, process_set=hvd.global_process_set)
 

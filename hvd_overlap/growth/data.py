@@ -30,6 +30,7 @@ import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 
+from hvd_overlap.adapters import keras_api
 from hvd_overlap.growth.callback import BatchSizeScheduler
 
 __all__ = ["GradientAccumulation", "ShardedDataset", "enable_gradient_accumulation",
@@ -130,9 +131,7 @@ class GradientAccumulation:
             raise ValueError(f"accumulation steps must be >= 1, got {value}")
         if value != self._steps:
             self._steps = int(value)
-            from hvd_overlap.keras import _compat  # Keras internals: one adapter
-
-            _compat.forget_train_function(self._model)  # retraced by the next fit()
+            keras_api.forget_train_function(self._model)  # retraced by the next fit()
 
 
 def _accumulating_train_step(self: tf.keras.Model, data: Any) -> dict[str, Any]:
@@ -183,14 +182,13 @@ def enable_gradient_accumulation(model: tf.keras.Model) -> GradientAccumulation:
     With ``handle.steps == 1`` it trains exactly as before. Variables unused by the loss keep
     a ``None`` gradient, as in Keras' own ``train_step``.
     """
-    from hvd_overlap.keras import _compat  # Keras internals: one adapter
-
     handle = getattr(model, "_hvdo_accumulation", None)
     if handle is None:
         handle = GradientAccumulation(model)
         model._hvdo_accumulation = handle
-        _compat.patch_method(model, "train_step", types.MethodType(_accumulating_train_step, model))
-        _compat.forget_train_function(model)
+        keras_api.patch_method(model, "train_step",
+                               types.MethodType(_accumulating_train_step, model))
+        keras_api.forget_train_function(model)
     return handle
 
 

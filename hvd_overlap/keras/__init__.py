@@ -4,7 +4,7 @@
 # tf.keras that is Keras 3 (TF >= 2.16 without TF_USE_LEGACY_KERAS=1), each naming the fix,
 # before anything else is imported or run
 import hvd_overlap.comm  # noqa: F401
-from hvd_overlap.keras import _compat  # noqa: F401
+from hvd_overlap.adapters import keras_api  # noqa: F401
 
 # isort: split
 from hvd_overlap.core.choice import (

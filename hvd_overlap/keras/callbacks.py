@@ -9,7 +9,7 @@ import time
 
 import tensorflow as tf
 
-from hvd_overlap.keras import _compat
+from hvd_overlap.adapters import keras_api
 from hvd_overlap.keras.executors.step_state import StepKind, TrainLoop
 
 __all__ = ["OverlapCallback"]
@@ -79,7 +79,7 @@ class OverlapCallback(tf.keras.callbacks.Callback):
             return out
 
         # a train_step set on the model itself (enable_gradient_accumulation's) comes back after
-        self._replaced = _compat.patch_method(self.model, "train_step", train_step)
+        self._replaced = keras_api.patch_method(self.model, "train_step", train_step)
         own = self._replaced is not None or \
             type(self.model).train_step is not tf.keras.Model.train_step
         loop = TrainLoop.OWN_TRAIN_STEP if own else TrainLoop.KERAS_FIT
@@ -88,7 +88,7 @@ class OverlapCallback(tf.keras.callbacks.Callback):
         # restore the optimizer's state too: attach again after it (auto's sharded plan
         # re-reads the state)
         for method in ("set_weights", "load_weights"):
-            _compat.patch_method(self.model, method, _flushing_first(
+            keras_api.patch_method(self.model, method, _flushing_first(
                 opt, getattr(self.model, method), lambda: opt.attach_model(self.model, loop)))
         self._patched = True
         opt.attach_model(self.model, loop)
@@ -127,7 +127,7 @@ class OverlapCallback(tf.keras.callbacks.Callback):
             self._kind = StepKind.LAND if self._checkpoint_due(batch) else StepKind.DEFER
             fn = self._functions[self._kind]
             if self.model.train_function is not fn:  # Keras tracks every attribute set on a
-                _compat.set_train_function(self.model, fn)  # model: ms per step on deep ones
+                keras_api.set_train_function(self.model, fn)  # model: ms per step on deep ones
         self._started = time.perf_counter()
 
     def on_train_batch_end(self, batch, logs=None):
@@ -175,16 +175,16 @@ class OverlapCallback(tf.keras.callbacks.Callback):
         self._checkpoint_point()
         if self._patched:
             # the train_step the model itself held, or (none) the class's method, is back
-            _compat.restore_method(self.model, "train_step", self._replaced)
+            keras_api.restore_method(self.model, "train_step", self._replaced)
             for method in ("set_weights", "load_weights"):
-                _compat.restore_method(self.model, method)
+                keras_api.restore_method(self.model, method)
             # fit's own function, never called, traces the model's train_step if a later fit
             # runs without this callback; with it, that fit finds its functions again: no
             # retrace per fit (a fixed plan without the callback keeps Keras's as well)
             if self._keras_function is not None:
-                _compat.set_train_function(self.model, self._keras_function)
+                keras_api.set_train_function(self.model, self._keras_function)
             else:
-                _compat.forget_train_function(self.model)
+                keras_api.forget_train_function(self.model)
             self._patched = False
 
 

@@ -31,11 +31,11 @@ from typing import Any
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
+from hvd_overlap.adapters import keras_api
 from hvd_overlap.core import mutants
 from hvd_overlap.core.exchange import (
     row_sizes,
 )
-from hvd_overlap.keras import _compat
 from hvd_overlap.keras.state_scope import plugin_state
 
 
@@ -81,7 +81,7 @@ class ExchangedDense:
         self._plain: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._exchanged: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._input_grads: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-        _compat.patch_method(layer, "call", self.call)  # Keras's __call__ calls self.call
+        keras_api.patch_method(layer, "call", self.call)  # Keras's __call__ calls self.call
 
     @property
     def kernel(self) -> tf.Variable | None:
@@ -129,7 +129,7 @@ class ExchangedDense:
             self._count(self._plain, graph)
             return type(layer).call(layer, inputs)
         use = self._count(self._exchanged, graph)
-        dtype = _compat.compute_dtype_object(layer)
+        dtype = keras_api.compute_dtype_object(layer)
         if inputs.dtype.base_dtype != dtype.base_dtype:
             inputs = tf.cast(inputs, dtype=dtype)
         kernel, name = tf.convert_to_tensor(layer.kernel), f"{self.name}.{use}"
@@ -222,7 +222,7 @@ class ExchangedDense:
 
 def _count_in(table: weakref.WeakKeyDictionary) -> int:
     """Calls counted in the graph being built or a graph it is nested in."""
-    for graph in _compat.enclosing_graphs():
+    for graph in keras_api.enclosing_graphs():
         if graph in table:
             return table[graph]
     return 0

@@ -17,7 +17,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from hvd_overlap.keras import _compat
+from hvd_overlap.adapters import keras_api
 from hvd_overlap.keras.sharded_state import (
     ShardedState,
     legacy_slots,
@@ -41,9 +41,9 @@ class MirroredState(ShardedState):
         build; the slices' hidden from ``variables()``."""
         self.build = build
         params = list(self.params.values())
-        if _compat.is_legacy_optimizer(self.opt):
-            _compat.create_legacy_slots(self.opt, self.variables)  # (only those not made yet)
-            _compat.create_legacy_slots(self.opt, params)
+        if keras_api.is_legacy_optimizer(self.opt):
+            keras_api.create_legacy_slots(self.opt, self.variables)  # (only those not made yet)
+            keras_api.create_legacy_slots(self.opt, params)
             slots = dict(zip(self.params, legacy_slots(self.opt, params), strict=True))
             self.whole = {}
             for i, by_name in enumerate(legacy_slots(self.opt, self.variables)):
@@ -51,7 +51,7 @@ class MirroredState(ShardedState):
                     self.whole.setdefault(n, {})[i] = var
         else:
             slots = slots_by_slice(self.opt, self.params, self._rebuild(params))
-        _compat.hide_optimizer_variables(self.opt,
+        keras_api.hide_optimizer_variables(self.opt,
                                          {id(v) for d in slots.values() for v in d.values()})
         return slots
 
@@ -60,13 +60,13 @@ class MirroredState(ShardedState):
         whole slots keeping their values (the replaced ones dropped from ``variables()``).
         Returns the slots made for ``extra``."""
         order = plain_order(self.plain_class, self.opt, self.variables)
-        before = _compat.slot_variables(self.opt)
+        before = keras_api.slot_variables(self.opt)
         values = [v.numpy() for v in before] if len(before) == len(order) else None
         known = {id(v) for v in self.opt.variables}
-        _compat.mark_unbuilt(self.opt)
+        keras_api.mark_unbuilt(self.opt)
         self.build(list(self.variables) + extra)
         made = [v for v in self.opt.variables if id(v) not in known]
-        _compat.hide_optimizer_variables(self.opt, {id(v) for v in before})
+        keras_api.hide_optimizer_variables(self.opt, {id(v) for v in before})
         whole, rest = made[:len(order)], made[len(order):]
         self.whole = {}
         for k, ((slot, index, _), var) in enumerate(zip(order, whole, strict=True)):
@@ -100,8 +100,8 @@ class MirroredState(ShardedState):
             return
         self.to_whole()
         dropped = {id(v) for d in self.slots.values() for v in d.values()}
-        if _compat.is_legacy_optimizer(self.opt):
-            _compat.forget_legacy_slots(self.opt, dropped)
+        if keras_api.is_legacy_optimizer(self.opt):
+            keras_api.forget_legacy_slots(self.opt, dropped)
         else:
             self._rebuild([])
         self.slots, self.params = {}, {}

@@ -17,6 +17,7 @@ from dataclasses import replace
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
+from hvd_overlap.adapters import keras_api
 from hvd_overlap.comm.methods import CommSettings, GradientMethod, SliceMethod, default_method
 from hvd_overlap.comm.methods import StockHorovod as StockHorovodMethod
 from hvd_overlap.comm.planner import Planner
@@ -28,7 +29,6 @@ from hvd_overlap.core.plan import DEFAULT_BUCKET_BYTES, Plan
 from hvd_overlap.core.sharding import ShardLayout
 from hvd_overlap.core.spelling import KEYWORDS, resolve
 from hvd_overlap.core.strategies import get_strategy
-from hvd_overlap.keras import _compat
 from hvd_overlap.keras.executors import (
     Executor,
     MirroredShardedExecutor,
@@ -129,7 +129,7 @@ class _DistributedMixin:
     def _compute_gradients(self, loss, var_list, grad_loss=None, tape=None):
         """Legacy optimizers' own method; on new ones Horovod's name for ``compute_gradients``
         (its tests and code written against ``hvd.DistributedOptimizer`` call it)."""
-        plain = _compat.legacy_compute_gradients(super())
+        plain = keras_api.legacy_compute_gradients(super())
         if plain is not None:  # legacy optimizers
             return self._hvdo_global(plain(
                 loss, var_list=var_list, grad_loss=grad_loss, tape=tape))
@@ -251,7 +251,7 @@ class _DistributedMixin:
         return OverlapTrainStep(self, step_fn)
 
     # -- Keras hooks: the executor keeps Keras's behaviour or replaces it (sharded) -------------
-    # (the private names Keras, TF or Horovod call are listed in _compat.HOOK_NAMES)
+    # (the private names Keras, TF or Horovod call are listed in keras_api.HOOK_NAMES)
 
     def build(self, var_list):
         return self._hvdo.build(var_list)
@@ -266,12 +266,12 @@ class _DistributedMixin:
     def from_config(cls, config, custom_objects=None):
         """A new distributed optimizer with this one's options, around the plain optimizer
         the config describes (fresh state, as Keras's ``from_config`` gives)."""
-        plain = _compat.plain_optimizer_class(cls).from_config(
+        plain = keras_api.plain_optimizer_class(cls).from_config(
             config, custom_objects=custom_objects)
         return DistributedOptimizer(plain, **cls._hvdo_options)
 
     def _trackable_children(self, save_type="checkpoint", **kwargs):
-        children = _compat.parent_trackable_children(super(), save_type, **kwargs)
+        children = keras_api.parent_trackable_children(super(), save_type, **kwargs)
         executor = getattr(self, "_hvdo", None)  # None while Keras builds the object
         return executor.trackable_children(children) if executor is not None else children
 
@@ -285,8 +285,8 @@ def _plain(opt) -> Plain:
     return Plain(apply_gradients=parent.apply_gradients, build=getattr(parent, "build", None),
                  save_own_variables=getattr(parent, "save_own_variables", None),
                  load_own_variables=getattr(parent, "load_own_variables", None),
-                 apply_weight_decay=_compat.plain_weight_decay(parent),
-                 cls=_compat.plain_optimizer_class(type(opt)))
+                 apply_weight_decay=keras_api.plain_weight_decay(parent),
+                 cls=keras_api.plain_optimizer_class(type(opt)))
 
 
 def _distributed_class(base: type, options: dict) -> type:
@@ -395,7 +395,7 @@ def DistributedOptimizer(  # noqa: N802 -- same name as Horovod's factory
     wrapped._hvdo.chosen = chosen
     entry = wrapped._hvdo.checkpoint_entry
     if entry is not None:  # sharded state: a checkpoint dependency, saved and restored with it
-        _compat.track_child(wrapped, entry, name="hvd_overlap_sharded_state")
+        keras_api.track_child(wrapped, entry, name="hvd_overlap_sharded_state")
     return wrapped
 
 

@@ -24,9 +24,9 @@ import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 
+from hvd_overlap.adapters import keras_api
 from hvd_overlap.core import mutants
 from hvd_overlap.core.sharding import ShardLayout, join_slices, own_slice
-from hvd_overlap.keras import _compat
 from hvd_overlap.keras.state_scope import plugin_state
 
 #: dtypes a checkpoint keeps slot state in (one flat array each); fixed so restores can name them
@@ -139,7 +139,7 @@ class ShardedState:
                 var.assign(own_slice(b, {s.index: saved[s.index] for s in b.segments}, rank))
 
 
-class ShardedCheckpoint(_compat.Trackable):
+class ShardedCheckpoint(keras_api.Trackable):
     """The sharded optimizer state as a checkpoint sees it: whole per-variable slot arrays,
     gathered from every rank by ``opt.gather_state()`` (``OverlapCallback`` does it at the end
     of each epoch). Saving with a stale gather is recorded and refused when restoring."""
@@ -189,7 +189,7 @@ class ShardedCheckpoint(_compat.Trackable):
             sh.load_state(self.pending)
             self.pending = None
 
-    # -- TF's checkpoint hooks (_compat.HOOK_NAMES) --
+    # -- TF's checkpoint hooks (keras_api.HOOK_NAMES) --
 
     def _serialize_to_tensors(self):
         entries, data = [], {d: [] for d in _STATE_DTYPES}
@@ -226,15 +226,15 @@ def _build_slots(opt, params: dict[int, tf.Variable],
     then take them out of ``opt.variables()`` (and so out of broadcasts and the optimizer's own
     checkpoint entries)."""
     shard_vars = list(params.values())
-    if _compat.is_legacy_optimizer(opt):  # slots via add_slot, found by get_slot
-        _compat.create_legacy_slots(opt, shard_vars)
+    if keras_api.is_legacy_optimizer(opt):  # slots via add_slot, found by get_slot
+        keras_api.create_legacy_slots(opt, shard_vars)
         slots = dict(zip(params, legacy_slots(opt, shard_vars), strict=True))
     else:  # slots appended to opt.variables, found by name
         before = {id(v) for v in opt.variables}
-        _compat.mark_unbuilt(opt)  # an earlier plan's slices had slots built (auto's switch)
+        keras_api.mark_unbuilt(opt)  # an earlier plan's slices had slots built (auto's switch)
         build(shard_vars)
         slots = slots_by_slice(opt, params, [v for v in opt.variables if id(v) not in before])
-    _compat.hide_optimizer_variables(opt, {id(v) for d in slots.values() for v in d.values()})
+    keras_api.hide_optimizer_variables(opt, {id(v) for d in slots.values() for v in d.values()})
     return slots
 
 
@@ -256,10 +256,10 @@ def slots_by_slice(opt, params: dict[int, tf.Variable], made: Sequence[tf.Variab
                    ) -> dict[int, dict[str, tf.Variable]]:
     """Keras 2.11+ slots just ``made`` for the slice variables ``params``, by bucket and slot
     name (a slot is named after its variable)."""
-    owner = {_compat.shared_name(p): b for b, p in params.items()}
+    owner = {keras_api.shared_name(p): b for b, p in params.items()}
     slots: dict[int, dict[str, tf.Variable]] = {b: {} for b in params}
     for v in made:
-        slot, var_name = _compat.slot_of(v)
+        slot, var_name = keras_api.slot_of(v)
         if var_name not in owner:
             raise TypeError(f"{type(opt).__name__} made variable {v.name} that is not a slot "
                             "of one parameter slice; the sharded strategy cannot split it")
@@ -271,7 +271,7 @@ def _release_slots(opt, slots: dict[int, dict[str, tf.Variable]]) -> None:
     """Forget slots ``_build_slots`` made, once their slices are dropped (auto's plan switch):
     a legacy optimizer keeps them in its slot registry; a Keras 2.11+ one replaces its slot
     lists when built again."""
-    _compat.forget_legacy_slots(opt, {id(v) for d in slots.values() for v in d.values()})
+    keras_api.forget_legacy_slots(opt, {id(v) for d in slots.values() for v in d.values()})
 
 
 def _decay_masks(opt, layout: ShardLayout, variables, rank: int) -> dict[int, tf.Tensor]:
@@ -281,7 +281,7 @@ def _decay_masks(opt, layout: ShardLayout, variables, rank: int) -> dict[int, tf
         return {}
     masks = {}
     for b in layout.buckets:
-        use = {s.index: _compat.uses_weight_decay(opt, variables[s.index]) for s in b.segments}
+        use = {s.index: keras_api.uses_weight_decay(opt, variables[s.index]) for s in b.segments}
         if all(use.values()):
             continue
         ones = {s.index: np.full(s.shape, 1.0 if use[s.index] else 0.0, b.dtype)
@@ -311,7 +311,7 @@ def plain_order(plain_class: type, opt,
                   for i, v in enumerate(variables)]
         plain.build(probes)
     order = []
-    for v in _compat.slot_variables(plain):
-        slot, var_name = _compat.slot_of(v)
+    for v in keras_api.slot_variables(plain):
+        slot, var_name = keras_api.slot_of(v)
         order.append((slot, int(var_name[len("hvdo_probe"):]), float(v.numpy()[0])))
     return order

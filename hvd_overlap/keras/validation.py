@@ -9,8 +9,8 @@ import os
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
+from hvd_overlap.adapters import keras_api
 from hvd_overlap.core import choice, mutants
-from hvd_overlap.keras import _compat
 
 #: Keras 2.15's Nadam multiplies its momentum-schedule product once per variable whose traced
 #: Python counter differs from the step, so stock Horovod's own weights change with the number
@@ -73,10 +73,10 @@ def validate(optimizer, op, gradient_predivide_factor, backward_passes_per_step,
     """Horovod's own keywords and the optimizer itself. Every check is local (no collective),
     so a bad argument fails on every rank alike. (What a strategy accepts is checked when its
     object is made: ``hvd_overlap.core.choice``.)"""
-    _compat.require_keras_2()
+    keras_api.require_keras_2()
     legacy = tf.keras.optimizers.legacy.Optimizer
     if not isinstance(optimizer, tf.keras.optimizers.Optimizer | legacy):
-        keras_3 = _compat.keras_3_object_message(optimizer)
+        keras_3 = keras_api.keras_3_object_message(optimizer)
         if keras_3:
             raise TypeError(keras_3)
         raise TypeError(f"expected a Keras optimizer (tf.keras.optimizers.*), got "

@@ -10,12 +10,12 @@ from typing import Any
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
+from hvd_overlap.adapters import keras_api
 from hvd_overlap.comm.methods import Allreduce, CommSettings, Grad, GradientMethod, SliceMethod
 from hvd_overlap.comm.planner import Planner
 from hvd_overlap.comm.schedule import issue_backward
 from hvd_overlap.core.plan import BACKWARD, FORWARD, Plan
 from hvd_overlap.core.sharding import ShardLayout
-from hvd_overlap.keras import _compat
 from hvd_overlap.keras.executors.step_state import Gradients, Handoff, TrainLoop
 
 Pairs = list[tuple[Any, tf.Variable]]
@@ -217,7 +217,7 @@ class Executor:
                 self.opt.iterations.assign_add(1)
             return
         # the legacy Nadam's momentum-schedule product, which every apply_gradients advances
-        schedule = _compat.legacy_nadam_momentum_cache(self.opt, [v for _, v in pairs])
+        schedule = keras_api.legacy_nadam_momentum_cache(self.opt, [v for _, v in pairs])
         before = schedule.read_value() if schedule is not None else None
         self.plain.apply_gradients(pairs)
         if not count:

@@ -13,10 +13,10 @@ from typing import Any
 
 import tensorflow as tf
 
+from hvd_overlap.adapters import keras_api
 from hvd_overlap.comm.methods import Grad
 from hvd_overlap.comm.schedule import issue_backward, issue_forward
 from hvd_overlap.core.plan import BACKWARD, FORWARD, Plan
-from hvd_overlap.keras import _compat
 from hvd_overlap.keras.executors.forward_phase import NextStepExecutor
 from hvd_overlap.keras.executors.step_state import Gradients, Stage
 from hvd_overlap.keras.state_scope import plugin_state
@@ -45,7 +45,7 @@ class DeferringExecutor(NextStepExecutor):
             self.step_hypers = [
                 (h, tf.Variable(tf.zeros([], h.dtype), trainable=False,
                                 name=f"hvd_overlap_step_{h.name.split(':')[0].split('/')[-1]}"))
-                for h in _compat.hyper_variables(self.opt)]
+                for h in keras_api.hyper_variables(self.opt)]
         self.phase.create()
         self.plan, self.variables = plan, list(variables)
 

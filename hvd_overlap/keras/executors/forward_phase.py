@@ -18,9 +18,9 @@ from typing import Any
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
+from hvd_overlap.adapters import keras_api
 from hvd_overlap.core import mutants
 from hvd_overlap.core.plan import Plan
-from hvd_overlap.keras import _compat
 from hvd_overlap.keras.executors.base import Executor
 from hvd_overlap.keras.executors.step_state import Stage
 from hvd_overlap.keras.state_scope import plugin_state
@@ -49,7 +49,7 @@ class ForwardPhase:
     def installed(self) -> bool:
         """True if the graph being built, or one it is nested in (a ``tf.cond`` branch, as the
         loss-scale optimizer's), runs the pre-forward phase."""
-        return any(graph in self._graphs for graph in _compat.enclosing_graphs())
+        return any(graph in self._graphs for graph in keras_api.enclosing_graphs())
 
     def can_defer(self) -> bool:
         """True if this step may leave updates for the next one: its graph runs the

@@ -18,11 +18,11 @@ import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 
+from hvd_overlap.adapters import keras_api
 from hvd_overlap.comm.methods import Grad
 from hvd_overlap.comm.schedule import chain, issue_forward
 from hvd_overlap.core.plan import BACKWARD, FORWARD, Plan
 from hvd_overlap.core.sharding import BucketSlices, ShardLayout, partition
-from hvd_overlap.keras import _compat
 from hvd_overlap.keras.exchange_choice import DenseExchanges
 from hvd_overlap.keras.executors.forward_phase import NextStepExecutor
 from hvd_overlap.keras.executors.step_state import Gradients, Stage, TrainLoop
@@ -233,13 +233,13 @@ class ShardedExecutor(NextStepExecutor):
             # a variable without gradient keeps its initial slot value, as in stock Horovod
             arrays.append(saved if saved is not None else np.full(
                 variables[index].shape, initial, variables[index].dtype.as_numpy_dtype))
-        _compat.fill_store(store, arrays)
+        keras_api.fill_store(store, arrays)
         return None
 
     def load_own_variables(self, store: Any) -> Any:
         if self.plain.load_own_variables is None:
             return super().load_own_variables(store)
-        arrays = [np.asarray(a) for a in _compat.read_store(store)]
+        arrays = [np.asarray(a) for a in keras_api.read_store(store)]
         self.opt.iterations.assign(arrays[0])
         self.state.checkpoint.restore_plain(arrays[1:], int(self.opt.iterations.numpy()))
         return None

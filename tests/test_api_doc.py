@@ -20,7 +20,7 @@ import hvd_overlap.keras
 from hvd_overlap.comm import methods
 from hvd_overlap.growth import callback, data, policy
 from hvd_overlap.keras.executors.step_state import TrainLoop
-from hvd_overlap.keras.optimizer import _DistributedMixin
+from hvd_overlap.keras.wrapper import DistributedMixin
 from hvd_overlap.tools.cli import main
 
 PAGE = (Path(__file__).resolve().parents[1] / "docs" / "api.md").read_text()
@@ -52,9 +52,9 @@ def exported() -> Iterator[tuple[str, str, Any]]:
 
 def optimizer_members() -> Iterator[tuple[str, Any]]:
     """(``opt.<name>``, member) of the wrapped optimizer's public methods and properties."""
-    for name, member in vars(_DistributedMixin).items():
+    for name, member in vars(DistributedMixin).items():
         if not name.startswith("_"):
-            yield f"opt.{name}", getattr(_DistributedMixin, name) if not isinstance(
+            yield f"opt.{name}", getattr(DistributedMixin, name) if not isinstance(
                 member, property) else member
 
 

@@ -17,8 +17,8 @@ import tensorflow as tf
 
 import hvd_overlap
 from hvd_overlap.adapters import keras_api
-from hvd_overlap.keras.optimizer import _DistributedMixin
 from hvd_overlap.keras.sharded_state import ShardedCheckpoint
+from hvd_overlap.keras.wrapper import DistributedMixin
 
 RECHECK = "re-check hvd_overlap/keras/keras_api.py against the installed Keras/TF/Horovod"
 
@@ -125,7 +125,7 @@ def test_horovod_keeps_its_gradient_function():
 
 
 def test_every_hook_name_is_defined_by_us_and_called_by_keras_tf_or_horovod():
-    ours = {"_DistributedMixin": _DistributedMixin, "ShardedCheckpoint": ShardedCheckpoint}
+    ours = {"DistributedMixin": DistributedMixin, "ShardedCheckpoint": ShardedCheckpoint}
     bases = {"_trackable_children": keras_api.Trackable,
              "_apply_weight_decay": tf.keras.optimizers.Optimizer,
              "_compute_gradients": tf.keras.optimizers.legacy.Optimizer,

@@ -76,10 +76,10 @@ def keras_3_object_message(obj: Any) -> str | None:
 #: Methods and properties of the plugin's own classes that keep a private name because Keras,
 #: TensorFlow or Horovod call them by it (their bodies call this module): (class, name, caller).
 HOOK_NAMES: tuple[tuple[str, str, str], ...] = (
-    ("_DistributedMixin", "_trackable_children", "TF checkpointing asks a Trackable for them"),
-    ("_DistributedMixin", "_apply_weight_decay", "Keras 2.11+ Optimizer.apply_gradients"),
-    ("_DistributedMixin", "_compute_gradients", "legacy Optimizer.minimize; Horovod's name"),
-    ("_DistributedMixin", "_agg_helper", "Horovod's attribute (backward_passes_per_step)"),
+    ("DistributedMixin", "_trackable_children", "TF checkpointing asks a Trackable for them"),
+    ("DistributedMixin", "_apply_weight_decay", "Keras 2.11+ Optimizer.apply_gradients"),
+    ("DistributedMixin", "_compute_gradients", "legacy Optimizer.minimize; Horovod's name"),
+    ("DistributedMixin", "_agg_helper", "Horovod's attribute (backward_passes_per_step)"),
     ("ShardedCheckpoint", "_serialize_to_tensors", "TF checkpoint saving"),
     ("ShardedCheckpoint", "_restore_from_tensors", "TF checkpoint restoring"),
 )
@@ -93,7 +93,7 @@ Trackable = _trackable.Trackable
 
 def plain_optimizer_class(cls: type) -> type:
     """The user's optimizer class behind a generated distributed class: its MRO is (generated
-    class, ``_DistributedMixin``, user's class, ...)."""
+    class, ``DistributedMixin``, user's class, ...)."""
     return cls.__mro__[2]
 
 

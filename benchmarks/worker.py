@@ -221,7 +221,8 @@ def settle(trainee: Trainee, data: tf.data.Dataset, ran: int = 0,
         return {**out, "choice": "; ".join(n for n in ex.plan.notes if "exchange" in n)}
     return {**out, "steps": ex.settling_steps, "seconds": ex.settling_s,
             "extra_s": ex.settling_extra_s, "choice": ex.current.describe(),
-            "keywords": ex.current.keywords(), "log": ex.log, "measured_ms": _ms(ex.measured),
+            "keywords": ex.current.factory_keywords(), "log": ex.log,
+            "measured_ms": _ms(ex.measured),
             "confirmed_ms": _ms(ex.confirmed)}
 
 

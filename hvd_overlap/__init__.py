@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from hvd_overlap.core.choice import STRATEGIES
 from hvd_overlap.core.plan import DEFAULT_BUCKET_BYTES, Plan
-from hvd_overlap.core.strategies import STRATEGIES
 from hvd_overlap.stack import (
     TF_RANGE,
     StackError,

@@ -33,9 +33,9 @@ METHODS = ("CommSettings", "GradientMethod", "SliceMethod", "Allreduce", "Reduce
 
 
 def _policy_names() -> list[str]:
-    """``hvd_overlap.growth.policy`` has no ``__all__``: its public classes and functions."""
-    return [n for n, v in vars(policy).items() if not n.startswith("_")
-            and (inspect.isclass(v) or inspect.isfunction(v)) and v.__module__ == policy.__name__]
+    """``hvd_overlap.growth.policy``'s ``__all__`` (its triggers are re-exported from
+    ``growth.triggers``)."""
+    return list(policy.__all__)
 
 
 def exported() -> Iterator[tuple[str, str, Any]]:

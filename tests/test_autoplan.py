@@ -7,7 +7,15 @@ import pytest
 from click.testing import CliRunner
 
 from hvd_overlap.core import autoplan
-from hvd_overlap.core.autoplan import Candidate, choose, splits
+from hvd_overlap.core.autoplan import choose, splits
+from hvd_overlap.core.choice import (
+    Deferred,
+    Exchange,
+    Hybrid,
+    Layerwise,
+    Sharded,
+    StockHorovod,
+)
 from hvd_overlap.core.simulate import Cluster, Layer, Profile, load_profile, simulate
 from hvd_overlap.tools.cli import main
 from hvd_overlap.tools.simulate_report import cluster_from_options
@@ -26,12 +34,12 @@ def test_splits_defer_a_quarter_half_three_quarters_of_the_bytes():
 
 def test_candidates_cover_every_whole_state_strategy_and_no_sharded_one():
     cands = autoplan.candidates(SIX, bucket_sizes=(8 * MIB, 64 * MIB))
-    names = {c.strategy for c in cands}
+    names = {c.name for c in cands}
     assert names == {"horovod", "layerwise", "hybrid", "deferred"}
-    assert cands.count(Candidate("horovod")) == 1
-    assert Candidate("hybrid", 8 * MIB, 3) in cands   # half of six buckets
+    assert cands.count(StockHorovod()) == 1
+    assert Hybrid(bucket_bytes=8 * MIB, defer=3) in cands   # half of six buckets
     assert len(cands) == len(set(cands))
-    assert Candidate("hybrid", 8 * MIB, 3).keywords() == {
+    assert Hybrid(bucket_bytes=8 * MIB, defer=3).factory_keywords() == {
         "strategy": "hybrid", "bucket_bytes": 8 * MIB, "defer": 3}
 
 
@@ -51,8 +59,8 @@ def test_a_tie_keeps_stock():
     # one layer, nothing to overlap: every plan sends the same single collective
     one = Profile("one", 1, (Layer("a", 0.001, 0.002, MIB, tensors=1),))
     ch = choose(one, Cluster(ranks=2, bandwidth=1e9, cycle_s=0.0),
-                [Candidate("layerwise", MIB), Candidate("horovod")])
-    assert ch.best == Candidate("horovod") and ch.speedup == pytest.approx(1.0)
+                [Layerwise(bucket_bytes=MIB), StockHorovod()])
+    assert ch.best == StockHorovod() and ch.speedup == pytest.approx(1.0)
 
 
 def test_grid_over_shipped_profiles_never_below_stock():
@@ -62,9 +70,9 @@ def test_grid_over_shipped_profiles_never_below_stock():
     for pt in points:  # the pick is the fastest of the ranking, stock's own path included
         fastest = min(r.step_s for _, r in pt.choice.ranking)
         assert pt.choice.result.step_s == pytest.approx(fastest)
-        assert any(c == Candidate("horovod") for c, _ in pt.choice.ranking)
+        assert any(c == StockHorovod() for c, _ in pt.choice.ranking)
     # where the model predicts a win auto takes it: a plan other than stock's, >5% faster
-    wins = [pt for pt in points if pt.choice.best.strategy != "horovod"]
+    wins = [pt for pt in points if pt.choice.best.name != "horovod"]
     assert wins and max(pt.choice.speedup for pt in wins) > 1.05
     table = autoplan.grid_markdown(points)
     assert table.splitlines()[2].startswith("| vgg16 | 6 | ")
@@ -96,8 +104,8 @@ def test_auto_grid_command(tmp_path):
 def test_sharded_family_picks_the_fastest_sharded_plan_even_when_stock_is_faster():
     cl = Cluster(ranks=8, bandwidth=1e9, latency=20e-6, negotiation_s=5e-4, tensor_s=1e-4)
     ch = choose(SIX, cl, family="sharded")
-    assert ch.best.strategy in ("sharded", "sharded_hybrid")
-    assert all(c.strategy in ("sharded", "sharded_hybrid") for c, _ in ch.ranking)
+    assert ch.best.name in ("sharded", "sharded_hybrid")
+    assert all(c.name in ("sharded", "sharded_hybrid") for c, _ in ch.ranking)
     assert ch.result.step_s == min(r.step_s for _, r in ch.ranking)
     assert ch.stock.step_s == pytest.approx(simulate(SIX, "horovod", cl).step_s)
     slow = Cluster(ranks=8, bandwidth=1e9, reduce_scatter_bandwidth=1e7)  # sharding loses
@@ -130,7 +138,7 @@ def test_simulated_auto_chooses_among_every_plan_as_the_runtime_does(tmp_path):
     assert picks["auto_whole"]["speedup_vs_stock"] < 1.1
     # where nothing beats stock by the margin (a link too fast to matter), auto keeps stock
     fast = Cluster(ranks=8, bandwidth=1e15, latency=0.0)
-    assert choose(SIX, fast, family="every").best == Candidate("horovod")
+    assert choose(SIX, fast, family="every").best == StockHorovod()
 
 
 # --- the run-time half: a profile of the real variables, fitted to a measured step -------------
@@ -157,7 +165,7 @@ def test_profile_from_specs_has_one_layer_per_layer_with_exact_bytes():
 def test_fit_compute_reproduces_the_measured_step():
     prof = autoplan.profile_from_specs(_specs())
     cl = Cluster(ranks=4, bandwidth=1e8, negotiation_s=1e-3)
-    stock = Candidate("horovod")
+    stock = StockHorovod()
     for measured in (0.02, 0.2):
         fitted = autoplan.fit_compute(prof, cl, stock, measured)
         # the simulated step moves in Horovod cycles: within one cycle and its negotiation
@@ -170,17 +178,17 @@ def test_fit_compute_reproduces_the_measured_step():
 
 
 def test_trial_order_takes_the_best_then_another_strategy_and_skips_the_probe():
-    stock, r = Candidate("horovod"), simulate(SIX, "horovod", Cluster(ranks=2, bandwidth=1e9))
-    ranked = [(Candidate("hybrid", MIB, 2), r), (Candidate("hybrid", 4 * MIB, 2), r),
-              (stock, r), (Candidate("layerwise", MIB), r), (Candidate("deferred", MIB), r)]
-    assert autoplan.trial_order(ranked, stock) == [Candidate("hybrid", MIB, 2),
-                                                   Candidate("layerwise", MIB)]
-    assert autoplan.trial_order(ranked, Candidate("hybrid", MIB, 2), trials=1) == [
-        Candidate("hybrid", 4 * MIB, 2)]
+    stock, r = StockHorovod(), simulate(SIX, "horovod", Cluster(ranks=2, bandwidth=1e9))
+    ranked = [(Hybrid(bucket_bytes=MIB, defer=2), r), (Hybrid(bucket_bytes=4 * MIB, defer=2), r),
+              (stock, r), (Layerwise(bucket_bytes=MIB), r), (Deferred(bucket_bytes=MIB), r)]
+    assert autoplan.trial_order(ranked, stock) == [Hybrid(bucket_bytes=MIB, defer=2),
+                                                   Layerwise(bucket_bytes=MIB)]
+    assert autoplan.trial_order(ranked, Hybrid(bucket_bytes=MIB, defer=2), trials=1) == [
+        Hybrid(bucket_bytes=4 * MIB, defer=2)]
 
 
 def test_pick_keeps_the_preferred_plan_within_the_margin():
-    stock, hyb = Candidate("horovod"), Candidate("hybrid", MIB, 2)
+    stock, hyb = StockHorovod(), Hybrid(bucket_bytes=MIB, defer=2)
     assert autoplan.pick({stock: 1.0, hyb: 0.995}, stock) == stock   # within noise
     assert autoplan.pick({stock: 1.0, hyb: 0.95}, stock) == hyb
     assert autoplan.pick({stock: 1.0, hyb: 1.2}, stock) == stock
@@ -194,41 +202,43 @@ def test_a_dense_kernel_seen_with_its_batch_prices_the_exchange_candidates():
     specs = _specs()
     plain = autoplan.profile_from_specs(specs)
     assert not any(la.dense for la in plain.layers)
-    assert not any(c.exchange for c in autoplan.candidates(
+    assert not any(c.exchanges for c in autoplan.candidates(
         plain, strategies=autoplan.FAMILIES["every"], exchange=True))
     seen = autoplan.profile_from_specs(specs, dense={"fc1/v2:0": 8})
     assert seen.batch_size == 8
     assert [la.dense for la in seen.layers] == [None, (1024, 256), None]
     cands = autoplan.candidates(seen, bucket_sizes=(MIB,),
                                 strategies=autoplan.FAMILIES["every"], exchange=True)
-    ways = {c.exchange for c in cands if c.strategy in autoplan.SHARDED}
+    ways = {c.exchange and c.exchange.forward for c in cands if c.name in autoplan.SHARDED}
     assert ways == {None, "rows", "gather"}
-    assert not any(c.exchange for c in cands if c.strategy not in autoplan.SHARDED)
-    x = Candidate("sharded", MIB, exchange="rows")
-    assert x.simulated == "sharded+exchange+rows" and x.kind == "sharded+exchange"
-    assert x.keywords() == {"strategy": "sharded", "bucket_bytes": MIB, "exchange": "auto",
+    assert not any(c.exchanges for c in cands if c.name not in autoplan.SHARDED)
+    x = Sharded(bucket_bytes=MIB, exchange=Exchange(forward="rows"))
+    assert x.spec() == "sharded+exchange+rows+bucket=1M" and x.kind == "sharded+exchange"
+    assert x.factory_keywords() == {"strategy": "sharded", "bucket_bytes": MIB, "exchange": "auto",
                             "exchange_forward": "rows"}
     # and sharded with only the dense kernels sharded, each way (not sharded_hybrid: with the
     # rest allreduced in backprop, its split would only move the kernels' gathers)
-    dense = {(c.strategy, c.exchange) for c in cands if c.shard == "dense"}
+    dense = {(c.name, c.exchange.forward) for c in cands
+             if c.settings().get("shard") == "dense"}
     assert dense == {("sharded", "rows"), ("sharded", "gather")}
-    d = Candidate("sharded", MIB, exchange="rows", shard="dense")
-    assert d.simulated == "sharded+exchange+rows+shard=dense"
+    d = Sharded(bucket_bytes=MIB, exchange=Exchange(forward="rows"), shard="dense")
+    assert d.spec() == "sharded+exchange+rows+shard=dense+bucket=1M"
     assert d.kind == "sharded+exchange+shard=dense" != x.kind  # a trial of its own
-    assert d.keywords() == {**x.keywords(), "shard": "dense"}
+    assert d.factory_keywords() == {**x.factory_keywords(), "shard": "dense"}
     assert "only the dense kernels sharded" in d.describe()
     slow = Cluster(ranks=2, bandwidth=1e6)  # stock's wire: 1.06 s of a 1.2 s step
-    fitted = autoplan.fit_compute(seen, slow, Candidate("horovod"), 1.2)
-    gather = Candidate("sharded", MIB, exchange="gather")
+    fitted = autoplan.fit_compute(seen, slow, StockHorovod(), 1.2)
+    gather = Sharded(bucket_bytes=MIB, exchange=Exchange(forward="gather"))
     assert autoplan.predict(fitted, slow, gather).step_s < \
-        0.7 * autoplan.predict(fitted, slow, Candidate("horovod")).step_s
+        0.7 * autoplan.predict(fitted, slow, StockHorovod()).step_s
 
 
 def test_trial_order_tells_a_sharded_plan_from_the_same_with_the_exchange():
     r = simulate(SIX, "horovod", Cluster(ranks=2, bandwidth=1e9))
-    x, s = Candidate("sharded", MIB, exchange="rows"), Candidate("sharded", 4 * MIB)
-    ranked = [(x, r), (Candidate("sharded", MIB, exchange="gather"), r), (s, r)]
-    assert autoplan.trial_order(ranked, Candidate("horovod")) == [x, s]
+    x = Sharded(bucket_bytes=MIB, exchange=Exchange(forward="rows"))
+    s = Sharded(bucket_bytes=4 * MIB)
+    ranked = [(x, r), (Sharded(bucket_bytes=MIB, exchange=Exchange(forward="gather")), r), (s, r)]
+    assert autoplan.trial_order(ranked, StockHorovod()) == [x, s]
 
 
 def test_at_batch_scales_compute_and_the_exchange_s_batch_not_the_bytes():
@@ -237,5 +247,5 @@ def test_at_batch_scales_compute_and_the_exchange_s_batch_not_the_bytes():
     assert grown.compute_s == pytest.approx(4 * SIX.compute_s)
     # a bigger batch: more compute to hide the same wire under, never a slower stock step
     cluster = Cluster(ranks=2, bandwidth=2**30)
-    assert autoplan.predict(grown, cluster, Candidate("horovod")).step_s > \
-        autoplan.predict(SIX, cluster, Candidate("horovod")).step_s
+    assert autoplan.predict(grown, cluster, StockHorovod()).step_s > \
+        autoplan.predict(SIX, cluster, StockHorovod()).step_s

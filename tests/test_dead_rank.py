@@ -41,7 +41,7 @@ from pathlib import Path
 
 import pytest
 
-from hvd_overlap.core.strategies import STRATEGIES
+from hvd_overlap import STRATEGIES
 
 JOB = Path(__file__).parent / "jobs" / "dead_rank.py"
 LIMIT_S = 20

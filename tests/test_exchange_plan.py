@@ -7,6 +7,7 @@ import pytest
 
 from benchmarks.config import BenchConfig, plugin_options
 from benchmarks.timelines import wire_bytes_per_step
+from hvd_overlap.core.choice import Exchange, Sharded, ShardedHybrid
 from hvd_overlap.core.exchange import (
     ALWAYS,
     AUTO,
@@ -23,7 +24,6 @@ from hvd_overlap.core.exchange import (
 )
 from hvd_overlap.core.plan import ALLREDUCE, BACKWARD, EXCHANGE, EXCHANGE_ROWS, FORWARD, VarSpec
 from hvd_overlap.core.sharding import join_slices, own_slice, partition
-from hvd_overlap.core.strategies import PlanOptions, get_strategy
 
 
 def test_rows_split_as_horovods_reduce_scatter():
@@ -96,8 +96,7 @@ def specs():
 
 
 def test_kernels_get_row_buckets_and_biases_do_not_travel_alone():
-    plan = get_strategy("sharded").build_plan(specs(), PlanOptions(1 << 20, exchange=AUTO,
-                                                                   ranks=2))
+    plan = Sharded(bucket_bytes=1 << 20, exchange=Exchange(AUTO)).build_plan(specs(), 2)
     rows = [b for b in plan.buckets if b.rows]
     assert [b.variables[0].name for b in rows] == ["d/kernel:0", "o/kernel:0"]
     others = [b for b in plan.buckets if not b.rows]
@@ -106,7 +105,7 @@ def test_kernels_get_row_buckets_and_biases_do_not_travel_alone():
     assert [b.index for b in plan.buckets] == list(range(len(plan.buckets)))
     assert all(b.phase == FORWARD for b in plan.buckets)
     # never: the plan of sharded, unchanged
-    plain = get_strategy("sharded").build_plan(specs(), PlanOptions(1 << 20))
+    plain = Sharded(bucket_bytes=1 << 20).build_plan(specs())
     assert not any(b.rows for b in plain.buckets)
     assert split_exchangeable(plain) != plain  # exchangeable kernels do get split when asked
 
@@ -115,8 +114,7 @@ def test_exchange_plan_keeps_backprop_order():
     """``sharded_hybrid`` with the exchange: the buckets gathered during backprop come in
     backprop order (output layer first, each kernel's row bucket after its layer's bias), the
     one the next step gathers after them; the indices count backprop order."""
-    plan = get_strategy("sharded_hybrid").build_plan(specs(), PlanOptions(64, exchange=ALWAYS,
-                                                                          ranks=2))
+    plan = ShardedHybrid(bucket_bytes=64, exchange=Exchange(ALWAYS)).build_plan(specs(), 2)
     backward, forward = plan.phase_buckets(BACKWARD), plan.phase_buckets(FORWARD)
     assert [(b.layers, b.rows) for b in backward] == [
         (("o",), False), (("o",), True), (("d",), False), (("d",), True)]
@@ -129,8 +127,8 @@ def test_shard_dense_keeps_only_the_kernels_sliced():
     """``shard="dense"``: every bucket but the dense kernels' row buckets allreduced during
     backprop and not cut (``whole``: every rank owns all of it); without the exchange it is
     refused, naming the fix."""
-    options = PlanOptions(1 << 20, exchange=AUTO, ranks=2, shard="dense")
-    plan = get_strategy("sharded").build_plan(specs(), options)
+    plan = Sharded(bucket_bytes=1 << 20, exchange=Exchange(AUTO), shard="dense").build_plan(
+        specs(), 2)
     rows = [b for b in plan.buckets if b.rows]
     whole = [b for b in plan.buckets if not b.rows]
     assert [b.variables[0].name for b in rows] == ["d/kernel:0", "o/kernel:0"]
@@ -145,17 +143,15 @@ def test_shard_dense_keeps_only_the_kernels_sliced():
             arrays = {s.index: np.full(s.shape, s.index, "float32") for s in b.segments}
             assert np.array_equal(own_slice(b, arrays, 1), own_slice(b, arrays, 0))
     assert "none" in layout.describe()  # a whole bucket is never gathered
-    everything = get_strategy("sharded").build_plan(specs(), PlanOptions(1 << 20, exchange=AUTO,
-                                                                         ranks=2))
+    everything = Sharded(bucket_bytes=1 << 20, exchange=Exchange(AUTO)).build_plan(specs(), 2)
     assert not any(b.whole for b in everything.buckets)
     assert everything.signature() != plan.signature()
     with pytest.raises(ValueError, match="add exchange="):
-        get_strategy("sharded").build_plan(specs(), PlanOptions(1 << 20, shard="dense"))
+        Sharded(bucket_bytes=1 << 20, shard="dense").build_plan(specs())
 
 
 def test_label_exchange_per_layer_with_bytes():
-    plan = get_strategy("sharded").build_plan(specs(), PlanOptions(1 << 20, exchange=AUTO,
-                                                                   ranks=2))
+    plan = Sharded(bucket_bytes=1 << 20, exchange=Exchange(AUTO)).build_plan(specs(), 2)
     assert not any(b.collective == EXCHANGE for b in plan.buckets)  # batch not known yet
     labelled = label_exchange(plan, {2: DenseShape(785, 512, 32), 4: DenseShape(512, 10, 32)},
                               AUTO, 2)
@@ -169,8 +165,7 @@ def test_label_exchange_per_layer_with_bytes():
 
 @pytest.mark.parametrize("ranks", [1, 2, 3, 4])
 def test_row_slices_join_back(ranks):
-    plan = get_strategy("sharded").build_plan(specs(), PlanOptions(1 << 20, exchange=ALWAYS,
-                                                                   ranks=ranks))
+    plan = Sharded(bucket_bytes=1 << 20, exchange=Exchange(ALWAYS)).build_plan(specs(), ranks)
     layout = partition(plan, ranks)
     rng = np.random.default_rng(0)
     arrays = {s.index: rng.normal(size=s.shape).astype("float32") for s in specs()}

@@ -223,7 +223,9 @@ def test_pure_modules_load_neither_tensorflow_nor_horovod():
     import sys
 
     code = ("import sys, hvd_overlap, hvd_overlap.core.plan, hvd_overlap.core.sharding, "
-            "hvd_overlap.core.strategies, hvd_overlap.growth.policy, hvd_overlap.core.simulate, "
+            "hvd_overlap.core.choice, hvd_overlap.core.strategy, hvd_overlap.core.plan_builders, "
+            "hvd_overlap.core.margin, hvd_overlap.core.chooser, hvd_overlap.growth.policy, "
+            "hvd_overlap.core.simulate, "
             "hvd_overlap.tools.simulate_report, hvd_overlap.core.autoplan, "
             "hvd_overlap.core.exchange, "
             "hvd_overlap.core.trial; "
@@ -676,39 +678,42 @@ def test_hybrid_with_no_gradient_in_the_deferred_bucket_counts_each_step_once():
 
 def test_auto_pools_hold_only_what_the_setting_allows():
     from hvd_overlap.comm.planner import var_specs
-    from hvd_overlap.core.autoplan import Candidate, profile_from_specs
+    from hvd_overlap.core.autoplan import profile_from_specs
+    from hvd_overlap.core.choice import Auto, Hybrid, Sharded, ShardedHybrid
     from hvd_overlap.keras.executors.auto_pool import auto_choices
 
     wide = tf.keras.Sequential([tf.keras.layers.Dense(1024, input_shape=(1024,)),
                                 tf.keras.layers.Dense(1024), tf.keras.layers.Dense(10)])
     prof = profile_from_specs(var_specs(wide.trainable_variables))  # 4 MiB layers: splits exist
     sgd = tf.keras.optimizers.SGD(0.1)
-    probe, pool, _ = auto_choices(sgd, "auto", hvd_overlap.DEFAULT_BUCKET_BYTES, None)
-    assert probe.strategy == "horovod"
+    probe, pool, _ = auto_choices(sgd, Auto())
+    assert probe.name == "horovod"
     every = {"horovod", "layerwise", "deferred", "hybrid", "sharded", "sharded_hybrid"}
-    assert {c.strategy for c in pool(prof)} == every
-    assert not any(c.exchange for c in pool(prof))  # no dense batch seen: no exchange priced
+    assert {c.name for c in pool(prof)} == every
+    assert not any(c.exchanges for c in pool(prof))  # no dense batch seen: no exchange priced
     # whole-tensor clipping cannot be sharded: auto keeps to the whole-state plans
-    _, pool, _ = auto_choices(tf.keras.optimizers.SGD(0.1, clipnorm=1.0), "auto", 0, None)
-    assert {c.strategy for c in pool(prof)} == every - {"sharded", "sharded_hybrid"}
+    _, pool, _ = auto_choices(tf.keras.optimizers.SGD(0.1, clipnorm=1.0), Auto())
+    assert {c.name for c in pool(prof)} == every - {"sharded", "sharded_hybrid"}
     # Nadam cannot be deferred exactly: auto keeps to the plans that apply a step at once
-    _, pool, _ = auto_choices(tf.keras.optimizers.Nadam(), "auto", "auto", "auto")
-    assert {c.strategy for c in pool(prof)} == {"horovod", "layerwise"}
-    probe, pool, label = auto_choices(tf.keras.optimizers.SGD(0.1), "hybrid", "auto", 1)
-    assert probe.strategy == "hybrid" and "bucket_bytes='auto'" in label
-    assert {(c.strategy, c.defer) for c in pool(prof)} == {("hybrid", 1)}
-    _, pool, _ = auto_choices(tf.keras.optimizers.SGD(0.1), "hybrid", 1024, "auto")
+    _, pool, _ = auto_choices(tf.keras.optimizers.Nadam(), Auto())
+    assert {c.name for c in pool(prof)} == {"horovod", "layerwise"}
+    probe, pool, label = auto_choices(tf.keras.optimizers.SGD(0.1),
+                                     Hybrid(bucket_bytes="auto", defer=1))
+    assert probe.name == "hybrid" and "bucket_bytes='auto'" in label
+    assert {(c.name, c.defer) for c in pool(prof)} == {("hybrid", 1)}
+    _, pool, _ = auto_choices(tf.keras.optimizers.SGD(0.1),
+                              Hybrid(bucket_bytes=1024, defer="auto"))
     assert {c.bucket_bytes for c in pool(prof)} == {1024}
     # sharding asked for: the sharded family, sharded_hybrid only where the optimizer can defer
-    probe, pool, _ = auto_choices(sgd, "sharded", "auto", None)
-    assert probe == Candidate("sharded", hvd_overlap.DEFAULT_BUCKET_BYTES)
-    assert {c.strategy for c in pool(prof)} == {"sharded", "sharded_hybrid"}
+    probe, pool, _ = auto_choices(sgd, Sharded(bucket_bytes="auto"))
+    assert probe == Sharded(bucket_bytes=hvd_overlap.DEFAULT_BUCKET_BYTES)
+    assert {c.name for c in pool(prof)} == {"sharded", "sharded_hybrid"}
     assert len({c.bucket_bytes for c in pool(prof)}) > 1
     clipped = tf.keras.optimizers.SGD(0.1, global_clipnorm=1.0)
-    _, pool, _ = auto_choices(clipped, "sharded", "auto", None)
-    assert {c.strategy for c in pool(prof)} == {"sharded"}
-    _, pool, _ = auto_choices(sgd, "sharded_hybrid", "auto", None)
-    assert {c.strategy for c in pool(prof)} == {"sharded_hybrid"}
+    _, pool, _ = auto_choices(clipped, Sharded(bucket_bytes="auto"))
+    assert {c.name for c in pool(prof)} == {"sharded"}
+    _, pool, _ = auto_choices(sgd, ShardedHybrid(bucket_bytes="auto"))
+    assert {c.name for c in pool(prof)} == {"sharded_hybrid"}
 
 
 def test_auto_reports_its_state_in_the_plan_and_refuses_a_bucket_method():
@@ -725,15 +730,20 @@ def test_auto_reports_its_state_in_the_plan_and_refuses_a_bucket_method():
 
 
 def test_auto_leaves_out_the_plans_a_loop_could_tell_apart_and_says_why():
-    from hvd_overlap.core.autoplan import Candidate
+    from hvd_overlap.core.choice import (
+        Hybrid,
+        Sharded,
+        ShardedHybrid,
+        StockHorovod,
+    )
     from hvd_overlap.keras.executors.auto_pool import usable_pool
     from hvd_overlap.keras.executors.step_state import TrainLoop
 
-    pool = [Candidate("horovod"), Candidate("sharded", 1 << 20),
-            Candidate("sharded_hybrid", 1 << 20, 1), Candidate("hybrid", 1 << 20, 1)]
+    pool = [StockHorovod(), Sharded(bucket_bytes=1 << 20),
+            ShardedHybrid(bucket_bytes=1 << 20, defer=1), Hybrid(bucket_bytes=1 << 20, defer=1)]
     settings = CommSettings(name="t", op=hvd.Average, compression=hvd.Compression.none)
     kept, why = usable_pool(pool, TrainLoop.CUSTOM, settings, set())
-    assert kept == [Candidate("horovod"), Candidate("hybrid", 1 << 20, 1)]
+    assert kept == [StockHorovod(), Hybrid(bucket_bytes=1 << 20, defer=1)]
     assert len(why) == 1 and "custom loop" in why[0]
     kept, why = usable_pool(pool, TrainLoop.KERAS_FIT, settings, {"a ref"})
     assert "register_local_var" in why[0] and len(kept) == 2
@@ -752,9 +762,12 @@ def test_auto_keeps_the_running_plan_for_a_short_batch_unless_another_is_clearly
     from types import SimpleNamespace
 
     from hvd_overlap.core import autoplan
-    from hvd_overlap.core.autoplan import Candidate
+    from hvd_overlap.core.choice import (
+        Hybrid,
+        StockHorovod,
+    )
 
-    probe, hybrid = Candidate("horovod"), Candidate("hybrid", 2048, 2)
+    probe, hybrid = StockHorovod(), Hybrid(bucket_bytes=2048, defer=2)
     ms = {probe: probe_ms, hybrid: 100.0}
 
     def result(c):

@@ -71,10 +71,10 @@ def test_bad_input():
 
 
 def test_sharded_plan_says_how_buckets_travel():
-    from hvd_overlap.core.strategies import PlanOptions, get_strategy
+    from hvd_overlap.core.choice import get
 
     def plan_of(name, **kw):
-        return get_strategy(name).build_plan(specs()[:4], PlanOptions(80, **kw))  # layers a, b
+        return get(name)(bucket_bytes=80, **kw).build_plan(specs()[:4])  # layers a, b
 
     plan = plan_of("sharded")
     assert {b.collective for b in plan.buckets} == {f"{REDUCE_SCATTER}+allgather"}
@@ -94,4 +94,4 @@ def test_sharded_plan_says_how_buckets_travel():
     hybrid = plan_of("sharded_hybrid")
     assert [(b.layers, b.phase) for b in hybrid.buckets] == [(("b",), BACKWARD), (("a",), FORWARD)]
     assert [b.phase for b in plan_of("sharded_hybrid", defer=0).buckets] == [BACKWARD] * 2
-    assert [b.phase for b in plan_of("sharded", defer=1).buckets] == [BACKWARD, FORWARD]
+    assert [b.phase for b in plan_of("sharded_hybrid", defer=1).buckets] == [BACKWARD, FORWARD]

@@ -43,7 +43,7 @@ def allreduce_sparse(grad: tf.IndexedSlices, name: str, *, op) -> tf.IndexedSlic
     return tf.IndexedSlices(values, indices, dense_shape=grad.dense_shape)
 
 
-def reduce_scatter(tensor: tf.Tensor, name: str, *, op, compression,
+def reduce_scatter(tensor: tf.Tensor, name: str, *, op, compression=hvd.Compression.none,
                    prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> tf.Tensor:
     """Reduce a flat vector whose length every rank's count divides; each rank gets its
     ``1/size`` slice (rank r: the r-th) of the reduced result."""
@@ -69,3 +69,34 @@ def all_gather(tensor: tf.Tensor, name: str, method: str = "allgather",
                               ignore_name_scope=True)
         return out
     return hvd.allgather(tensor, name=name, ignore_name_scope=True)
+
+
+def allreduce(tensor: tf.Tensor, name: str, *, op) -> tf.Tensor:
+    """One tensor reduced over the ranks (``op``: ``hvd.Sum``, ``hvd.Average``, ``hvd.Max``)."""
+    return hvd.allreduce(tensor, op=op, name=name, ignore_name_scope=True)
+
+
+def alltoall(tensor: tf.Tensor, name: str) -> tf.Tensor:
+    """Equal chunks along the first axis, chunk r to rank r; the chunks received, rank order."""
+    return hvd.alltoall(tensor, name=name, ignore_name_scope=True)
+
+
+def alltoall_splits(tensor: tf.Tensor, splits: tf.Tensor, name: str
+                    ) -> tuple[tf.Tensor, tf.Tensor]:
+    """``splits[r]`` rows to rank r; (the rows received in rank order, how many from each)."""
+    return hvd.alltoall(tensor, splits=splits, name=name, ignore_name_scope=True)
+
+
+def grouped_allgather(tensors: Sequence[tf.Tensor], name: str) -> list[tf.Tensor]:
+    """Every rank's copy of each tensor, concatenated along the first axis (one collective)."""
+    return list(hvd.grouped_allgather(list(tensors), name=name, ignore_name_scope=True))
+
+
+def allgather_object(obj: object, name: str) -> list:
+    """Every rank's picklable ``obj``, in rank order (eager)."""
+    return hvd.allgather_object(obj, name=name)
+
+
+def broadcast_object(obj: object, name: str, root_rank: int = 0) -> object:
+    """Rank ``root_rank``'s picklable ``obj`` on every rank (eager)."""
+    return hvd.broadcast_object(obj, root_rank=root_rank, name=name)

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
+from hvd_overlap.comm import collectives
 from hvd_overlap.core.sim.cluster import Cluster
 
 #: the larger probe: long enough on a fast link to see its bandwidth, short on a slow one
@@ -65,12 +66,12 @@ class Link:
 def _collective(kind: str, x: tf.Tensor, name: str) -> tf.Tensor:
     """One collective of ``kind`` on ``x`` (``nbytes`` in all: an all-gather's input is 1/P)."""
     if kind == "allreduce":
-        return hvd.allreduce(x, op=hvd.Sum, name=name, ignore_name_scope=True)
+        return collectives.allreduce(x, name, op=hvd.Sum)
     if kind == "reducescatter":
-        return hvd.reducescatter(x, op=hvd.Sum, name=name, ignore_name_scope=True)
+        return collectives.reduce_scatter(x, name, op=hvd.Sum)
     if kind == "allgather":
-        return hvd.allgather(x, name=name, ignore_name_scope=True)
-    return hvd.alltoall(x, name=name, ignore_name_scope=True)
+        return collectives.all_gather(x, name)
+    return collectives.alltoall(x, name)
 
 
 def _seconds(kinds: list[tuple[str, int]], name: str, repeats: int,
@@ -119,7 +120,7 @@ def agree(values: list[float], name: str) -> list[float]:
     """The ranks' average of ``values`` (eager; every rank calls it at the same point)."""
     if hvd.size() == 1:
         return list(values)
-    got = hvd.allreduce(tf.constant(values, tf.float64), op=hvd.Average, name=name)
+    got = collectives.allreduce(tf.constant(values, tf.float64), name, op=hvd.Average)
     return [float(v) for v in got.numpy()]
 
 

@@ -1,7 +1,7 @@
 """The plan for a variable list: built once (and cached), after checking that every rank holds
 the same variables.
 
-The strategies (``hvd_overlap.core.strategies``) are pure plan builders; this is where they
+The strategies (``hvd_overlap.core.choice``) build pure plans; this is where they
 meet TensorFlow variables and gradients: which variables have a gradient on the loss path,
 which gradients are sparse, and one small collective that compares the models across ranks.
 """
@@ -13,9 +13,10 @@ from collections.abc import Sequence
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
+from hvd_overlap.comm import collectives
 from hvd_overlap.comm.methods import Grad
 from hvd_overlap.core.plan import Plan, VarSpec, layer_of
-from hvd_overlap.core.strategies import PlanOptions, Strategy
+from hvd_overlap.core.strategy import Strategy
 
 
 def var_specs(variables: Sequence[tf.Variable], grads: Sequence[Grad] | None = None,
@@ -45,7 +46,7 @@ def check_same_on_all_ranks(specs: Sequence[VarSpec]) -> None:
     mine = [(s.name, list(s.shape), s.dtype, s.sparse, s.has_grad, s.exchangeable)
             for s in specs]
     with tf.init_scope():
-        everyone = hvd.allgather_object(mine, name="hvd_overlap.model_check")
+        everyone = collectives.allgather_object(mine, "hvd_overlap.model_check")
     for rank, theirs in enumerate(everyone):
         if theirs == everyone[0]:
             continue
@@ -61,12 +62,12 @@ def check_same_on_all_ranks(specs: Sequence[VarSpec]) -> None:
 
 
 class Planner:
-    """A strategy with its options, and the plans it built, keyed by the variable list (and
+    """A strategy on ``ranks`` ranks, and the plans it built, keyed by the variable list (and
     which gradients exist, and which are sparse)."""
 
-    def __init__(self, strategy: Strategy, options: PlanOptions, sparse_as_dense: bool):
+    def __init__(self, strategy: Strategy, ranks: int, sparse_as_dense: bool):
         self.strategy = strategy
-        self.options = options
+        self.ranks = ranks
         self.sparse_as_dense = sparse_as_dense
         self._plans: dict[tuple, Plan] = {}
         self._checked: set[tuple] = set()
@@ -86,9 +87,13 @@ class Planner:
             self._checked.add(key)
         plan = self._plans.get(key)
         if plan is None:
-            plan = self._plans[key] = self.strategy.build_plan(specs, self.options)
+            plan = self._plans[key] = self.build(specs)
         self.last_plan = plan
         return plan
+
+    def build(self, specs: Sequence[VarSpec]) -> Plan:
+        """The strategy's plan of ``specs`` (not cached: ``plan_for`` caches)."""
+        return self.strategy.build_plan(specs, self.ranks)
 
     def replace_plan(self, old: Plan, new: Plan) -> None:
         """Put ``new`` where ``old`` was cached (a decision made after the first step)."""

@@ -21,10 +21,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
-from hvd_overlap.core.plan import VarSpec, build_layerwise_plan, fmt_bytes, input_side_share
-from hvd_overlap.core.sim.plans import DENSE_SUFFIX, EXCHANGE_SUFFIX
+from hvd_overlap.core.choice import Exchange, StockHorovod, get
+from hvd_overlap.core.margin import keep_unless_faster
+from hvd_overlap.core.plan import VarSpec, build_layerwise_plan, input_side_share
+from hvd_overlap.core.plan_builders import SHARD_DENSE
 from hvd_overlap.core.simulate import Cluster, Layer, Profile, StepResult, _specs, simulate
-from hvd_overlap.core.strategies import SHARD_ALL, SHARD_DENSE
+from hvd_overlap.core.strategy import Strategy
 from hvd_overlap.core.trial import MARGIN
 
 MIB = 2**20
@@ -41,66 +43,13 @@ SPLITS = (0.25, 0.5, 0.75)
 
 
 @dataclass(frozen=True)
-class Candidate:
-    """A strategy with the keywords that shape its plan."""
-
-    strategy: str
-    bucket_bytes: int = 0       # 0: not used (horovod fuses by readiness)
-    defer: int | None = None    # hybrid: input-side buckets deferred (None: half the bytes)
-    #: sharded plans: how an exchanged dense kernel's forward gets its weights (``rows`` or
-    #: ``gather``, the exchange deciding per kernel whether to carry it); None: no exchange
-    exchange: str | None = None
-    #: with the exchange: which buckets are sharded (``SHARD_DENSE``: the exchange's kernels
-    #: only, the other buckets allreduced whole)
-    shard: str = SHARD_ALL
-
-    def describe(self) -> str:
-        if self.strategy == "horovod":
-            return "horovod (stock fusion)"
-        text = f"{self.strategy}, {fmt_bytes(self.bucket_bytes)} buckets"
-        text += f", defer {self.defer}" if self.defer is not None else ""
-        if self.exchange:
-            text += f", exchange ({self.exchange})"
-        return text + (", only the dense kernels sharded" if self.shard != SHARD_ALL else "")
-
-    @property
-    def _dense(self) -> str:
-        return DENSE_SUFFIX if self.shard != SHARD_ALL else ""
-
-    @property
-    def kind(self) -> str:
-        """The strategy, with the exchange if any: trials compare one of each kind."""
-        return self.strategy + (EXCHANGE_SUFFIX if self.exchange else "") + self._dense
-
-    @property
-    def simulated(self) -> str:
-        """The simulator's name of this plan (``sharded+exchange+rows``)."""
-        if not self.exchange:
-            return self.strategy
-        return f"{self.strategy}{EXCHANGE_SUFFIX}+{self.exchange}{self._dense}"
-
-    def keywords(self) -> dict[str, object]:
-        """``DistributedOptimizer`` keywords that build this plan."""
-        kw: dict[str, object] = {"strategy": self.strategy}
-        if self.strategy != "horovod":
-            kw["bucket_bytes"] = self.bucket_bytes
-        if self.defer is not None:
-            kw["defer"] = self.defer
-        if self.exchange:
-            kw.update(exchange="auto", exchange_forward=self.exchange)
-        if self.shard != SHARD_ALL:
-            kw["shard"] = self.shard
-        return kw
-
-
-@dataclass(frozen=True)
 class Choice:
     """The fastest candidate, stock's prediction, and every candidate ranked."""
 
-    best: Candidate
+    best: Strategy
     result: StepResult
     stock: StepResult
-    ranking: tuple[tuple[Candidate, StepResult], ...]
+    ranking: tuple[tuple[Strategy, StepResult], ...]
 
     @property
     def speedup(self) -> float:
@@ -121,7 +70,7 @@ def splits(nbytes: Sequence[int], fractions: Sequence[float] = SPLITS) -> list[i
 
 def candidates(profile: Profile, bucket_sizes: Sequence[int] = BUCKET_SIZES,
                strategies: Iterable[str] = WHOLE_STATE, exchange: bool = False
-               ) -> list[Candidate]:
+               ) -> list[Strategy]:
     """Every candidate for this profile: ``hybrid`` / ``sharded_hybrid`` at each bucket size
     and split (a quarter, half, three quarters of the bytes deferred), the others at each
     bucket size; ``exchange``: the sharded ones also with the dense factor exchange (each way
@@ -130,50 +79,51 @@ def candidates(profile: Profile, bucket_sizes: Sequence[int] = BUCKET_SIZES,
     ways: tuple[str | None, ...] = (None,)
     if exchange and any(la.dense for la in profile.layers):
         ways += EXCHANGE_FORWARDS
-    out: list[Candidate] = []
+    out: list[Strategy] = []
     for name in strategies:
+        cls = get(name)
         if name == "horovod":
-            out.append(Candidate("horovod"))
+            out.append(cls())
             continue
         for way in ways if name in SHARDED else (None,):
             specs = _specs(profile, exchange=way is not None)
+            ex = {} if way is None else {"exchange": Exchange(forward=way)}
             for size in bucket_sizes:
                 if name not in _SPLIT:
-                    out.append(Candidate(name, size, exchange=way))
+                    out.append(cls(bucket_bytes=size, **ex))
                     if way is not None:  # and only its dense kernels sharded
-                        out.append(Candidate(name, size, exchange=way, shard=SHARD_DENSE))
+                        out.append(cls(bucket_bytes=size, shard=SHARD_DENSE, **ex))
                     continue
                 nbytes = [b.nbytes for b in build_layerwise_plan(specs, size).buckets] \
                     if specs else []
-                out.extend(Candidate(name, size, d, way) for d in splits(nbytes))
+                out.extend(cls(bucket_bytes=size, defer=d, **ex) for d in splits(nbytes))
     return list(dict.fromkeys(out))
 
 
-def predict(profile: Profile, cluster: Cluster, candidate: Candidate) -> StepResult:
-    """The simulator's step for one candidate."""
-    sized = replace(cluster, bucket_bytes=candidate.bucket_bytes or cluster.bucket_bytes)
-    return simulate(profile, candidate.simulated, sized, candidate.defer)
+def predict(profile: Profile, cluster: Cluster, candidate: Strategy) -> StepResult:
+    """The simulator's step for one candidate (its own plan: its bucket size and split)."""
+    return simulate(profile, candidate, cluster)
 
 
 #: a plan other than stock's is chosen only if predicted faster by more than this share
 MIN_GAIN = 1e-3
 
 
-def rank(profile: Profile, cluster: Cluster, pool: Iterable[Candidate]
-         ) -> list[tuple[Candidate, StepResult]]:
+def rank(profile: Profile, cluster: Cluster, pool: Iterable[Strategy]
+         ) -> list[tuple[Strategy, StepResult]]:
     """Every candidate of ``pool`` with its predicted step, shortest first."""
     return sorted(((c, predict(profile, cluster, c)) for c in dict.fromkeys(pool)),
                   key=lambda cr: cr[1].step_s)
 
 
-def choose(profile: Profile, cluster: Cluster, options: Sequence[Candidate] | None = None,
+def choose(profile: Profile, cluster: Cluster, options: Sequence[Strategy] | None = None,
            family: str = "whole") -> Choice:
     """The candidate with the shortest predicted step. ``whole`` and ``every``: stock's path
     unless another one is predicted faster by more than ``MIN_GAIN`` (ties and rounding keep
     stock); ``sharded``: the fastest sharded candidate (stock is the reference only)."""
     if family not in FAMILIES:
         raise ValueError(f"family {family!r}: choose {' or '.join(FAMILIES)}")
-    stock_c = Candidate("horovod")
+    stock_c: Strategy = StockHorovod()
     keeps_stock = family != "sharded"
     pool = list(options if options is not None else candidates(
         profile, strategies=FAMILIES[family], exchange=family == "every"))
@@ -183,7 +133,7 @@ def choose(profile: Profile, cluster: Cluster, options: Sequence[Candidate] | No
         raise ValueError("no candidate to choose from")
     stock = predict(profile, cluster, stock_c)
     best, result = ranked[0]
-    if keeps_stock and result.step_s > stock.step_s * (1 - MIN_GAIN):
+    if keeps_stock and keep_unless_faster(result.step_s, stock.step_s, MIN_GAIN):
         best, result = stock_c, stock
     return Choice(best, result, stock, tuple(ranked))
 
@@ -223,7 +173,7 @@ def at_batch(profile: Profile, factor: float) -> Profile:
                                 for la in profile.layers))
 
 
-def fit_compute(profile: Profile, cluster: Cluster, candidate: Candidate,
+def fit_compute(profile: Profile, cluster: Cluster, candidate: Strategy,
                 measured_s: float) -> Profile:
     """``profile`` with its compute scaled so that the simulator's step of ``candidate`` on
     ``cluster`` equals ``measured_s`` (bisection: the step grows with the compute). If the
@@ -245,11 +195,11 @@ def fit_compute(profile: Profile, cluster: Cluster, candidate: Candidate,
     return profile.scaled(hi)
 
 
-def trial_order(ranked: Sequence[tuple[Candidate, StepResult]], first: Candidate,
-                trials: int = 2) -> list[Candidate]:
+def trial_order(ranked: Sequence[tuple[Strategy, StepResult]], first: Strategy,
+                trials: int = 2) -> list[Strategy]:
     """What the online check measures after ``first``: the predicted fastest other
     candidate, then the fastest of each further strategy, ``trials`` in all."""
-    out: list[Candidate] = []
+    out: list[Strategy] = []
     for c, _ in ranked:
         if len(out) == trials:
             break
@@ -258,13 +208,13 @@ def trial_order(ranked: Sequence[tuple[Candidate, StepResult]], first: Candidate
     return out
 
 
-def pick(measured: dict[Candidate, float], prefer: Candidate,
-         margin: float = MARGIN) -> Candidate:
+def pick(measured: dict[Strategy, float], prefer: Strategy,
+         margin: float = MARGIN) -> Strategy:
     """The fastest measured candidate; ``prefer`` (stock, or the user's own setting) unless
     another is faster by more than ``margin`` (timing noise must not move the plan; the one
     margin, ``core.trial.MARGIN``, that the exchange's online check uses too)."""
     best = min(measured, key=lambda c: measured[c])
-    if prefer in measured and measured[best] > measured[prefer] * (1 - margin):
+    if prefer in measured and keep_unless_faster(measured[best], measured[prefer], margin):
         return prefer
     return best
 
@@ -307,7 +257,7 @@ def grid_markdown(points: Sequence[GridPoint]) -> str:
         speed = np.array([pt.choice.speedup for pt in mine])
         picks: dict[str, int] = {}
         for pt in mine:
-            picks[pt.choice.best.strategy] = picks.get(pt.choice.best.strategy, 0) + 1
+            picks[pt.choice.best.name] = picks.get(pt.choice.best.name, 0) + 1
         stock = picks.get("horovod", 0)
         lines.append(f"| {model} | {len(mine)} | {speed.min():.3f}x | {np.median(speed):.3f}x "
                      f"| {speed.max():.2f}x | {stock} of {len(mine)} | "

@@ -1,5 +1,6 @@
 """The strategies a user picks, as objects: each takes only the settings that mean something
-for it, so a setting passed where it has no use is a ``TypeError`` when the object is made.
+for it (a setting passed where it has no use is a ``TypeError`` when the object is made) and
+builds its own plan (``build_plan``).
 
     Layerwise(bucket_bytes=8 << 20)        Hybrid(defer=2)
     Sharded(gather_with="alltoall", exchange=Exchange(forward="rows"))
@@ -7,21 +8,41 @@ for it, so a setting passed where it has no use is a ``TypeError`` when the obje
 
 Strings are sugar for the same objects, with one spelling shared by ``DistributedOptimizer``,
 the simulator, the bench and the CLI: ``hvd_overlap.core.spelling`` (``sharded+exchange+rows``,
-``hybrid+defer=2+bucket=8M``); :meth:`Strategy.spec` writes it.
-
-Pure Python: no TensorFlow, no Horovod. The runtime reads a strategy's plan from
-``hvd_overlap.core.strategies`` by its ``name`` with :meth:`Strategy.plan_options`.
+``hybrid+defer=2+bucket=8M``); :meth:`Strategy.spec` writes it. What every strategy has, and
+``register`` for a new one: ``hvd_overlap.core.strategy``. Pure Python: no TensorFlow.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from hvd_overlap.core.exchange import ALWAYS, AUTO, FORWARD_MODES, NEVER
-from hvd_overlap.core.plan import DEFAULT_BUCKET_BYTES, GATHER_METHODS
-from hvd_overlap.core.strategies import SHARD_ALL, PlanOptions, check_shard
+from hvd_overlap.core.exchange import AUTO, GATHER, NEVER
+from hvd_overlap.core.plan import (
+    DEFAULT_BUCKET_BYTES,
+    GATHER_METHODS,
+    Plan,
+    VarSpec,
+    build_layerwise_plan,
+)
+from hvd_overlap.core.plan_builders import (
+    SHARD_ALL,
+    check_shard,
+    default_half,
+    horovod_plan,
+    sharded_plan,
+)
+from hvd_overlap.core.strategy import (
+    REGISTRY,
+    CommOptions,
+    Exchange,
+    Strategy,
+    get,
+    register,
+    unregister,
+)
 
 BucketBytes = int | str  # bytes, or "auto"
 Defer = int | str | None  # input-side buckets deferred; None: half the bytes; "auto": chosen
@@ -37,109 +58,7 @@ def _check_defer(value: Defer) -> None:
         raise ValueError(f"defer must be a number of buckets >= 0 or 'auto', got {value!r}")
 
 
-@dataclass(frozen=True)
-class Exchange:
-    """The dense factor exchange of the sharded update: a ``Dense`` kernel's gradient computed
-    from exchanged inputs and output errors, each rank computing only its rows.
-
-    ``layers``: ``"auto"`` (each layer where it moves fewer bytes, decided from the first
-    step's batch) or ``"always"``. ``forward``: how an exchanged kernel's forward gets its
-    weights: ``"gather"`` (all-gathered as any sharded bucket), ``"rows"`` (each rank's rows
-    stay put; the forward multiplies them by exchanged inputs) or ``"auto"`` (per layer, the
-    one that moves fewer bytes)."""
-
-    layers: str = AUTO
-    forward: str = AUTO
-
-    def __post_init__(self) -> None:
-        if self.layers not in (AUTO, ALWAYS):
-            raise ValueError(f"exchange={self.layers!r}: choose one of never, auto, always")
-        if self.forward not in FORWARD_MODES:
-            raise ValueError(f"exchange_forward={self.forward!r}: choose one of "
-                             f"{', '.join(FORWARD_MODES)}")
-
-
-@dataclass(frozen=True)
-class Strategy:
-    """What every strategy has: a registry name and the facts that pick its executor and checks."""
-
-    name: ClassVar[str]
-    defers: ClassVar[bool] = False  # some buckets travel at the start of the next step
-    shards: ClassVar[bool] = False  # each rank updates only its slice of every bucket
-    #: the optimizer's update itself is applied bucket by bucket (not only the all-gathers),
-    #: which an optimizer that updates every variable at once (Nadam) cannot follow exactly
-    splits_update: ClassVar[bool] = False
-
-    @property
-    def tuned(self) -> bool:
-        """True if ``auto`` chooses part of the plan by timing candidates during the first
-        steps (``Auto``, or ``bucket_bytes``/``defer`` set to ``"auto"``)."""
-        return AUTO in (getattr(self, "bucket_bytes", None), getattr(self, "defer", None))
-
-    def plan_options(self, ranks: int = 1) -> PlanOptions:
-        """The plan builder's options (``hvd_overlap.core.strategies``) for ``ranks``."""
-        size = getattr(self, "bucket_bytes", DEFAULT_BUCKET_BYTES)
-        exchange: Exchange | None = getattr(self, "exchange", None)
-        defer = getattr(self, "defer", None)
-        return PlanOptions(
-            bucket_bytes=DEFAULT_BUCKET_BYTES if size == AUTO else size,
-            defer=None if defer == AUTO else defer,
-            gather_with=getattr(self, "gather_with", GATHER_METHODS[0]),
-            exchange=exchange.layers if exchange else NEVER,
-            exchange_forward=exchange.forward if exchange else AUTO,
-            ranks=ranks, shard=getattr(self, "shard", SHARD_ALL))
-
-    def keywords(self) -> dict[str, object]:
-        """The ``DistributedOptimizer`` keywords besides ``strategy=self.name`` that make this
-        strategy (its settings that differ from their defaults)."""
-        out: dict[str, object] = {}
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if value == f.default:
-                continue
-            if isinstance(value, Exchange):
-                out["exchange"] = value.layers
-                if value.forward != AUTO:
-                    out["exchange_forward"] = value.forward
-            else:
-                out[f.name] = value
-        return out
-
-    def spec(self) -> str:
-        """This strategy in the one string spelling (``core.spelling.parse`` reads it back)."""
-        return "+".join([self.name, *self._options()])
-
-    def _options(self) -> list[str]:
-        out = []
-        exchange: Exchange | None = getattr(self, "exchange", None)
-        if exchange is not None:
-            out.append("exchange" if exchange.layers == AUTO else f"exchange={exchange.layers}")
-            if exchange.forward != AUTO:
-                out.append(exchange.forward)
-        if getattr(self, "shard", SHARD_ALL) != SHARD_ALL:
-            out.append(f"shard={self.shard}")  # type: ignore[attr-defined]
-        if getattr(self, "gather_with", GATHER_METHODS[0]) != GATHER_METHODS[0]:
-            out.append(self.gather_with)  # type: ignore[attr-defined]
-        size = getattr(self, "bucket_bytes", DEFAULT_BUCKET_BYTES)
-        if size == AUTO:
-            out.append(AUTO)
-        elif size != DEFAULT_BUCKET_BYTES:
-            out.append(f"bucket={_fmt_bytes(size)}")
-        if getattr(self, "defer", None) is not None:
-            out.append(f"defer={self.defer}")  # type: ignore[attr-defined]
-        if getattr(self, "ordered", False):
-            out.append("ordered")
-        if getattr(self, "num_groups", 0):
-            out.append(f"groups={self.num_groups}")  # type: ignore[attr-defined]
-        if getattr(self, "groups", None) is not None:
-            raise ValueError("explicit groups= (lists of variables) have no string spelling; "
-                             "use the StockHorovod object")
-        return out
-
-    def __str__(self) -> str:
-        return self.spec()
-
-
+@register
 @dataclass(frozen=True)
 class StockHorovod(Strategy):
     """Stock Horovod's gradient path: one allreduce per gradient, fused by readiness.
@@ -149,9 +68,18 @@ class StockHorovod(Strategy):
     num_groups: int = 0
     groups: object = None
 
+    def build_plan(self, specs: Sequence[VarSpec], ranks: int = 1) -> Plan:
+        return horovod_plan(specs)
+
+    def comm_options(self) -> CommOptions:
+        return CommOptions(groups=self.groups or self.num_groups or None)
+
+    def describe(self) -> str:
+        return "horovod (stock fusion)"
+
 
 @dataclass(frozen=True)
-class _Bucketed(Strategy):
+class Bucketed(Strategy):
     """Layer-ordered buckets of at most ``bucket_bytes`` (``"auto"``: chosen by timing);
     ``ordered``: each backprop bucket's collective waits for the previous one."""
 
@@ -161,16 +89,29 @@ class _Bucketed(Strategy):
     def __post_init__(self) -> None:
         _check_bucket_bytes(self.bucket_bytes)
 
+    @property
+    def size(self) -> int:
+        """The bucket budget a plan is built with (``"auto"``: the default, the probe's)."""
+        return DEFAULT_BUCKET_BYTES if self.bucket_bytes == AUTO else int(self.bucket_bytes)
 
+    def comm_options(self) -> CommOptions:
+        return CommOptions(ordered=self.ordered)
+
+
+@register
 @dataclass(frozen=True)
-class Layerwise(_Bucketed):
+class Layerwise(Bucketed):
     """Each bucket allreduced as soon as its gradients exist (overlap with backprop)."""
 
     name: ClassVar[str] = "layerwise"
 
+    def build_plan(self, specs: Sequence[VarSpec], ranks: int = 1) -> Plan:
+        return build_layerwise_plan(specs, self.size, self.name)
 
+
+@register
 @dataclass(frozen=True)
-class Deferred(_Bucketed):
+class Deferred(Bucketed):
     """Every bucket allreduced and applied at the start of the next step, input side first
     (overlap with the next forward)."""
 
@@ -178,9 +119,13 @@ class Deferred(_Bucketed):
     defers: ClassVar[bool] = True
     splits_update: ClassVar[bool] = True
 
+    def build_plan(self, specs: Sequence[VarSpec], ranks: int = 1) -> Plan:
+        return build_layerwise_plan(specs, self.size, self.name, defer=-1)
 
+
+@register
 @dataclass(frozen=True)
-class Hybrid(_Bucketed):
+class Hybrid(Bucketed):
     """Output-side buckets during backprop; the ``defer`` input-side ones (None: half the
     bytes; ``"auto"``: chosen by timing) in the next forward."""
 
@@ -193,9 +138,15 @@ class Hybrid(_Bucketed):
         super().__post_init__()
         _check_defer(self.defer)
 
+    def build_plan(self, specs: Sequence[VarSpec], ranks: int = 1) -> Plan:
+        defer = None if self.defer == AUTO else self.defer
+        return build_layerwise_plan(specs, self.size, self.name,
+                                    defer=default_half(specs, self.size, defer))
 
+
+@register
 @dataclass(frozen=True)
-class Sharded(_Bucketed):
+class Sharded(Bucketed):
     """Reduce-scatter during backprop, update one's 1/P slice, all-gather the slices in the
     next forward (``gather_with``: ``"allgather"`` or ``"alltoall"``), optionally with the dense
     factor ``exchange``. ``shard="dense"`` (with the exchange): only the dense kernels the
@@ -222,7 +173,29 @@ class Sharded(_Bucketed):
                              "combine with the exchange (it patches the model's dense layers "
                              "for one plan): pass a bucket size, or exchange='never'")
 
+    def deferred_buckets(self, specs: Sequence[VarSpec]) -> int:
+        """The input-side buckets whose slices are gathered in the next forward (-1: all)."""
+        return -1
 
+    def build_plan(self, specs: Sequence[VarSpec], ranks: int = 1) -> Plan:
+        return sharded_plan(self.name, specs, self.size, self.deferred_buckets(specs),
+                            self.gather_with, *self.exchange_modes(), self.shard, ranks)
+
+    def exchange_modes(self) -> tuple[str, str]:
+        ex = self.exchange
+        return (ex.layers, ex.forward) if ex else (NEVER, AUTO)
+
+    def comm_options(self) -> CommOptions:
+        return CommOptions(ordered=self.ordered, gather_with=self.gather_with)
+
+    def online_alternative(self) -> Strategy | None:
+        if self.exchange is None or self.exchange.forward != AUTO:
+            return None
+        return dataclasses.replace(self, exchange=dataclasses.replace(self.exchange,
+                                                                      forward=GATHER))
+
+
+@register
 @dataclass(frozen=True)
 class ShardedHybrid(Sharded):
     """Sharded, the output-side slices all-gathered during backprop and the ``defer``
@@ -236,7 +209,11 @@ class ShardedHybrid(Sharded):
         _check_defer(self.defer)
         super().__post_init__()
 
+    def deferred_buckets(self, specs: Sequence[VarSpec]) -> int:
+        return default_half(specs, self.size, None if self.defer == AUTO else self.defer)
 
+
+@register
 @dataclass(frozen=True)
 class Auto(Strategy):
     """The fastest whole-state plan, predicted from the model then timed against stock
@@ -251,17 +228,8 @@ class Auto(Strategy):
         return True
 
 
-#: Every strategy by its registry name.
-REGISTRY: dict[str, type[Strategy]] = {c.name: c for c in (
-    StockHorovod, Layerwise, Deferred, Hybrid, Sharded, ShardedHybrid, Auto)}
-
-def get(name: str) -> type[Strategy]:
-    """The strategy class called ``name``, or a ValueError listing the names."""
-    try:
-        return REGISTRY[name]
-    except (KeyError, TypeError):
-        raise ValueError(f"unknown strategy {name!r}; choose one of: "
-                         f"{', '.join(sorted(REGISTRY))}") from None
+#: The runtime strategies that build a plan themselves, by name (``hvd_overlap.STRATEGIES``).
+STRATEGIES: dict[str, type[Strategy]] = {n: c for n, c in REGISTRY.items() if c is not Auto}
 
 
 def for_accumulation(chosen: Strategy) -> Strategy:
@@ -275,19 +243,11 @@ def for_accumulation(chosen: Strategy) -> Strategy:
                              "backward_passes_per_step > 1 does not combine with; pass a "
                              "bucket size for gradient accumulation")
         return chosen
-    if isinstance(chosen, Auto):
+    if not isinstance(chosen, Bucketed):
         return StockHorovod()
-    size = getattr(chosen, "bucket_bytes", DEFAULT_BUCKET_BYTES)
-    return Layerwise(bucket_bytes=DEFAULT_BUCKET_BYTES if size == AUTO else size,
-                     ordered=getattr(chosen, "ordered", False))
+    return Layerwise(bucket_bytes=chosen.size, ordered=chosen.ordered)
 
 
-def _fmt_bytes(n: int) -> str:
-    for unit, size in (("M", 1 << 20), ("K", 1 << 10)):
-        if n % size == 0:
-            return f"{n // size}{unit}"
-    return str(n)
-
-
-__all__ = ["Auto", "Deferred", "Exchange", "Hybrid", "Layerwise", "REGISTRY", "Sharded",
-           "ShardedHybrid", "StockHorovod", "Strategy", "for_accumulation", "get"]
+__all__ = ["REGISTRY", "STRATEGIES", "Auto", "Bucketed", "Deferred", "Exchange", "Hybrid",
+           "Layerwise", "Sharded", "ShardedHybrid", "StockHorovod", "Strategy",
+           "for_accumulation", "get", "register", "unregister"]

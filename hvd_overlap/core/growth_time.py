@@ -24,8 +24,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from hvd_overlap.core import autoplan
-from hvd_overlap.core.autoplan import Candidate
 from hvd_overlap.core.simulate import Cluster, Profile
+from hvd_overlap.core.strategy import Strategy
 
 
 @dataclass(frozen=True)
@@ -94,7 +94,7 @@ class PhaseTime:
     compute_s: float
     stock_s: float
     plugin_s: float
-    plan: Candidate
+    plan: Strategy
 
     def epoch_s(self, plugin: bool, overhead_s: float = 0.0) -> float:
         return self.steps_per_epoch * (self.plugin_s if plugin else self.stock_s) + overhead_s

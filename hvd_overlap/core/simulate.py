@@ -20,10 +20,7 @@ module per concern:
 from hvd_overlap.core.sim.cluster import CYCLE_S, FUSION_BYTES, Cluster
 from hvd_overlap.core.sim.events import _EPS, Request, Task, _cost, _responses, run_step
 from hvd_overlap.core.sim.plans import (
-    _COST_CHOICE,
     EXCHANGE_STRATEGIES,
-    EXCHANGE_SUFFIX,
-    FORWARD_SUFFIXES,
     RUNTIME_STRATEGIES,
     STRATEGIES,
     ExchangeChoice,
@@ -34,6 +31,7 @@ from hvd_overlap.core.sim.plans import (
     exchange_choices,
     exchange_mode,
     plan_of,
+    strategy_of,
 )
 from hvd_overlap.core.sim.profile import (
     PROFILE_FORMAT,
@@ -49,11 +47,12 @@ from hvd_overlap.core.sim.steps import FAMILIES, build_step, plan_family, step_o
 _Bucket = StepBucket  # its name before the split
 
 __all__ = [
-    "CYCLE_S", "EXCHANGE_STRATEGIES", "EXCHANGE_SUFFIX", "FAMILIES", "FORWARD_SUFFIXES",
+    "CYCLE_S", "EXCHANGE_STRATEGIES", "FAMILIES",
     "FUSION_BYTES", "PROFILE_FORMAT", "RUNTIME_STRATEGIES", "SHIPPED", "STRATEGIES", "Cluster",
     "ExchangeChoice", "Layer", "Profile", "Request", "StepBucket", "StepResult", "Task",
     "buckets_of", "build_step", "exchange_choices", "exchange_mode", "load_profile",
-    "plan_family", "plan_of", "run_step", "shipped_profiles", "simulate", "step_of", "sweep",
+    "plan_family", "plan_of", "run_step", "shipped_profiles", "simulate", "step_of",
+    "strategy_of", "sweep",
     # private names other modules and tests reach for
-    "_COST_CHOICE", "_EPS", "_Bucket", "_cost", "_dense_shapes", "_responses", "_specs",
+    "_EPS", "_Bucket", "_cost", "_dense_shapes", "_responses", "_specs",
 ]

@@ -93,13 +93,39 @@ def parse(text: str) -> Strategy:
     return _make(cls, settings)
 
 
+class Default:
+    """A plan keyword's default in ``DistributedOptimizer``'s signature: equal to (and shown
+    as) its value, yet not the value itself, so ``resolve`` tells a keyword not passed from one
+    passed with its default."""
+
+    def __init__(self, value: object):
+        self.value = value
+
+    def __eq__(self, other: object) -> bool:
+        return self.value == (other.value if isinstance(other, Default) else other)
+
+    def __hash__(self) -> int:
+        return hash(self.value)
+
+    def __repr__(self) -> str:
+        return repr(self.value)
+
+
+#: each plan keyword's default as ``DistributedOptimizer``'s signature holds it
+NOT_PASSED: dict[str, Default] = {k: Default(default) for k, (_, default) in KEYWORDS.items()}
+
+
 def resolve(strategy: str | Strategy, **keywords: object) -> Strategy:
-    """The strategy of ``DistributedOptimizer(strategy=..., **keywords)``: an object as given,
-    or a string with the plan keywords that differ from their defaults (``KEYWORDS``)."""
-    given = {k: v for k, v in keywords.items() if v is not KEYWORDS[k][1]
+    """The strategy of ``DistributedOptimizer(strategy=..., **keywords)``: an object as given
+    (any plan keyword passed beside it, even with its default value, is a ``TypeError``), or
+    a string with the plan keywords that differ from their defaults (``KEYWORDS``); a keyword
+    not passed is a :class:`Default`."""
+    passed = {k: v for k, v in keywords.items() if not isinstance(v, Default)}
+    given = {k: v for k, v in passed.items() if v is not KEYWORDS[k][1]
              and not (v == KEYWORDS[k][1] and type(v) is type(KEYWORDS[k][1]))}
     if isinstance(strategy, Strategy):
-        if given:
+        if passed:
+            given = passed
             raise TypeError(f"{', '.join(given)} given beside a strategy object: pass them to "
                             f"{type(strategy).__name__}(...) itself")
         return strategy
@@ -142,4 +168,4 @@ def _parse_int(value: str, text: str) -> int:
         raise ValueError(f"strategy {text!r}: {value!r} is not a whole number") from None
 
 
-__all__ = ["KEYWORDS", "parse", "resolve"]
+__all__ = ["KEYWORDS", "NOT_PASSED", "Default", "parse", "resolve"]

@@ -9,6 +9,7 @@ from typing import Any
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
+from hvd_overlap.comm import collectives
 from hvd_overlap.core import mutants
 from hvd_overlap.growth.policy import BatchGrowth, Growth
 
@@ -112,8 +113,8 @@ class BatchSizeScheduler(tf.keras.callbacks.Callback):
         else:
             if _world_rank() == 0:
                 p.end_epoch(epoch, metric)
-            state = hvd.broadcast_object(p.state_dict(), root_rank=0,
-                                         name="hvd_overlap.BatchSizeScheduler.state")
+            state = collectives.broadcast_object(p.state_dict(),
+                                                 "hvd_overlap.BatchSizeScheduler.state")
             p.load_state_dict(state)
         if len(p.events) > before:
             self._announce(p.events[-1])

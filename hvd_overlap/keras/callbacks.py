@@ -10,7 +10,13 @@ import time
 import tensorflow as tf
 
 from hvd_overlap.adapters import keras_api
-from hvd_overlap.keras.executors.step_state import StepKind, TrainLoop
+from hvd_overlap.keras.executors.step_state import (
+    StepFunction,
+    StepKind,
+    TrainLoop,
+    function_kind,
+    step_context,
+)
 
 __all__ = ["OverlapCallback"]
 
@@ -44,7 +50,7 @@ class OverlapCallback(tf.keras.callbacks.Callback):
         self.gather_state = gather_state
         self._patched = False
         self._replaced = None
-        self._kind = StepKind.DEFER  # what the train function traced next does at its end
+        self._kind = StepKind.DEFER  # the kind of the function the current step runs
         self._functions: dict[StepKind, object] = {}
         self._keras_function = None  # the one fit made, put back at its end (see on_train_end)
         self._started = 0.0
@@ -70,12 +76,13 @@ class OverlapCallback(tf.keras.callbacks.Callback):
         original = self.model.train_step
 
         def train_step(data):
-            opt.pre_forward()
-            out = original(data)
-            # Python runs when the train function is traced: each of the two functions
-            # (``_make_train_functions``) is traced at its first call, with its own kind
-            if self._kind is StepKind.LAND:
+            # the kind of the function being traced (``_make_train_functions`` built each
+            # function for its kind): a landing step brings its own deferred part in at its end
+            with step_context(function_kind()) as step:
                 opt.pre_forward()
+                out = original(data)
+                if step.kind is StepKind.LAND:
+                    opt.pre_forward(landing=True)
             return out
 
         # a train_step set on the model itself (enable_gradient_accumulation's) comes back after
@@ -106,10 +113,10 @@ class OverlapCallback(tf.keras.callbacks.Callback):
         kinds are one function: one trace instead of two (a switch makes them again)."""
         opt = self._optimizer()
         if opt is not None and not opt.defers_now:
-            one = self.model.make_train_function(force=True)
+            one = StepFunction(self.model.make_train_function(force=True), StepKind.DEFER)
             self._functions = dict.fromkeys(StepKind, one)
             return
-        self._functions = {kind: self.model.make_train_function(force=True)
+        self._functions = {kind: StepFunction(self.model.make_train_function(force=True), kind)
                            for kind in StepKind}
 
     def _checkpoint_due(self, batch: int) -> bool:

@@ -17,14 +17,16 @@ input gradient of its own columns back. The executor writes the updated rows int
 (locally) and gathers the whole kernel only when the weights are read (a flush).
 
 Until ``activate`` (after the first step, when the batch is known and the plan decided) a
-patched layer computes as Keras does and only records its batch size. Only train steps (graphs
-that run the optimizer's pre-forward phase) take the patched path; anything else -- ``predict``,
-``evaluate``, tracing for export -- gets Keras's own ``call``.
+patched layer computes as Keras does and only records its batch size. ``activate`` is the
+layer's declaration, made between steps, before the next trace: from then on it produces its
+kernel's gradient rows (``declared``), which the sharded executor takes as global instead of
+reduce-scattering them. Only train steps (a step body the plugin made runs:
+``step_state.step_context``) take the patched path; anything else -- ``predict``, ``evaluate``,
+tracing for export -- gets Keras's own ``call``.
 """
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -32,10 +34,12 @@ import horovod.tensorflow as hvd
 import tensorflow as tf
 
 from hvd_overlap.adapters import keras_api
+from hvd_overlap.comm import collectives
 from hvd_overlap.core import mutants
 from hvd_overlap.core.exchange import (
     row_sizes,
 )
+from hvd_overlap.keras.executors.step_state import current_step
 from hvd_overlap.keras.state_scope import plugin_state
 
 
@@ -77,10 +81,7 @@ class ExchangedDense:
         self.rows: tuple[int, int] | None = None
         with plugin_state():
             self.batch = tf.Variable(0, dtype=tf.int64, trainable=False, name=f"{name}_batch")
-        self.calls = 0  # most calls seen in one traced graph (a shared layer: more than one)
-        self._plain: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-        self._exchanged: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-        self._input_grads: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self.calls = 0  # most calls in one traced step (a shared layer: more than one)
         keras_api.patch_method(layer, "call", self.call)  # Keras's __call__ calls self.call
 
     @property
@@ -94,41 +95,39 @@ class ExchangedDense:
             return
         self.rows, self.active, self.keep = rows, True, keep
 
-    # -- what the executor asks, for the graph being built ---------------------------------
+    # -- what the executor reads --------------------------------------------------------------
 
-    def exchanged_here(self) -> bool:
-        """True if the graph being built computed this kernel's gradient by the exchange.
-        Raises if it also used the layer the plain way (the gradients would mix)."""
-        ex, plain = _count_in(self._exchanged), _count_in(self._plain)
-        if ex and plain:
+    def declared(self) -> tuple[int, int] | None:
+        """The kernel rows whose global gradient this layer produces in train steps (set by
+        ``activate``, between steps), or None: its kernel is reduced as any variable."""
+        return self.rows if self.active else None
+
+    def input_gradients(self) -> list[tf.Tensor]:
+        """The input gradients the step being traced sent back by all-to-all (forward on the
+        rows) and that backprop uses below this layer: the next layers' backprop waits for
+        them. (A model's first layer's is never used, so never computed.)"""
+        step = current_step()
+        return [t for t in (step.sent_back(self) if step else []) if t.consumers()]
+
+    # -- the layer's call --------------------------------------------------------------------
+
+    def call(self, inputs: Any) -> Any:
+        layer, step = self.layer, current_step()
+        if not (tf.inside_function() and step is not None and self.in_train_step()):
+            return type(layer).call(layer, inputs)  # inference, tracing for export: Keras's own
+        two_d = isinstance(inputs, tf.Tensor) and inputs.shape.rank == 2
+        use = step.next_call(self)  # this call's number in the step (its collectives' names)
+        self.calls = max(self.calls, step.calls(self))
+        if self.active and not two_d:
             raise ValueError(
                 f"layer {self.layer.name!r} is called both on 2-D inputs (whose kernel gradient "
                 "the dense factor exchange computes) and on other inputs in one train step; "
                 "its gradients cannot be combined. Pass exchange='never' to "
                 "DistributedOptimizer")
-        return bool(ex)
-
-    def input_gradients(self) -> list[tf.Tensor]:
-        """The input gradients the graph being built sent back by all-to-all (forward on the
-        rows) and that backprop uses below this layer: the next layers' backprop waits for
-        them. (A model's first layer's is never used, so never computed.)"""
-        graph = tf.compat.v1.get_default_graph()
-        return [t for t in self._input_grads.get(graph, []) if t.consumers()]
-
-    # -- the layer's call --------------------------------------------------------------------
-
-    def call(self, inputs: Any) -> Any:
-        layer = self.layer
-        if not (tf.inside_function() and self.in_train_step()):
-            return type(layer).call(layer, inputs)  # inference, tracing for export: Keras's own
-        two_d = isinstance(inputs, tf.Tensor) and inputs.shape.rank == 2
-        graph = tf.compat.v1.get_default_graph()
-        if not (two_d and self.active):
+        if not self.active:
             if two_d:
                 self.batch.assign(tf.shape(inputs, out_type=tf.int64)[0])
-            self._count(self._plain, graph)
             return type(layer).call(layer, inputs)
-        use = self._count(self._exchanged, graph)
         dtype = keras_api.compute_dtype_object(layer)
         if inputs.dtype.base_dtype != dtype.base_dtype:
             inputs = tf.cast(inputs, dtype=dtype)
@@ -144,13 +143,6 @@ class ExchangedDense:
             outputs = layer.activation(outputs)
         return outputs
 
-    def _count(self, table: weakref.WeakKeyDictionary, graph: Any) -> int:
-        """Count one more call in ``graph``; the call's number (0 first)."""
-        n = table.get(graph, 0)
-        table[graph] = n + 1
-        self.calls = max(self.calls, _count_in(self._plain) + _count_in(self._exchanged))
-        return n
-
     def _matmul(self, x: tf.Tensor, kernel: tf.Tensor, name: str) -> tf.Tensor:
         @tf.custom_gradient
         def matmul(x, kernel):
@@ -165,6 +157,7 @@ class ExchangedDense:
         ranks = hvd.size()
         sizes = row_sizes(int(self.layer.kernel.shape[0]), ranks)
         n_mine, n_out = int(mine.shape[0]), int(mine.shape[1])
+        step = current_step()  # (its backprop runs in the same step body)
 
         @tf.custom_gradient
         def matmul(x, mine):
@@ -176,13 +169,13 @@ class ExchangedDense:
             y = tf.reduce_sum(tf.reshape(shares, [ranks, batch, n_out]), 0)
 
             def grad(dy):
-                dy_all = hvd.allgather(dy, name=f"{name}.dy", ignore_name_scope=True)
+                dy_all = collectives.all_gather(dy, f"{name}.dy")
                 dx_mine = tf.matmul(dy_all, mine, transpose_b=True)  # my columns, all batches
                 back = self._to_batch_owners(dx_mine, batches * n_mine, f"{name}.dx")
                 parts = tf.split(back, [batch * s for s in sizes])    # from each rank: its columns
                 dx = tf.concat([tf.reshape(p, [batch, s]) for p, s in zip(parts, sizes,
                                                                           strict=True)], 1)
-                self._input_grads.setdefault(dx.graph, []).append(dx)
+                step.send_back(self, dx)
                 return dx, self._rows_grad(x_mine, dy_all)
             return y, grad
         return matmul(x, mine)
@@ -193,8 +186,8 @@ class ExchangedDense:
         order), and the elements received from each rank."""
         batch = tf.shape(x)[0]
         send = tf.concat([tf.reshape(part, [-1]) for part in tf.split(x, sizes, axis=1)], 0)
-        received, got = hvd.alltoall(send, splits=tf.stack([batch * s for s in sizes]),
-                                     name=name, ignore_name_scope=True)
+        received, got = collectives.alltoall_splits(
+            send, tf.stack([batch * s for s in sizes]), name)
         mine = sizes[hvd.rank()]
         return tf.reshape(received, [-1, mine]), got
 
@@ -202,8 +195,7 @@ class ExchangedDense:
     def _to_batch_owners(rows: tf.Tensor, splits: tf.Tensor, name: str) -> tf.Tensor:
         """Each rank's block of ``rows`` (global batch, rank order) sent back to it: what every
         rank computed for this rank's batch, flat, in rank order."""
-        back, _ = hvd.alltoall(tf.reshape(rows, [-1]), splits=splits, name=name,
-                               ignore_name_scope=True)
+        back, _ = collectives.alltoall_splits(tf.reshape(rows, [-1]), splits, name)
         return back
 
     def _rows_grad(self, x_mine: tf.Tensor, dy_all: tf.Tensor) -> tf.Tensor:
@@ -216,13 +208,6 @@ class ExchangedDense:
         n_in = int(self.layer.kernel.shape[0])
         start, stop = self.rows  # set by activate, before any trace takes this path
         x_mine, _ = self._columns_to_owners(x, row_sizes(n_in, hvd.size()), f"{name}.x")
-        dy_all = hvd.allgather(dy, name=f"{name}.dy", ignore_name_scope=True)  # rank order
+        dy_all = collectives.all_gather(dy, f"{name}.dy")  # rank order
         return tf.pad(self._rows_grad(x_mine, dy_all), [[start, n_in - stop], [0, 0]])
 
-
-def _count_in(table: weakref.WeakKeyDictionary) -> int:
-    """Calls counted in the graph being built or a graph it is nested in."""
-    for graph in keras_api.enclosing_graphs():
-        if graph in table:
-            return table[graph]
-    return 0

@@ -14,6 +14,7 @@ from typing import Any
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
+from hvd_overlap.comm import collectives
 from hvd_overlap.comm.link import agree
 from hvd_overlap.comm.methods import ReduceScatterGather
 from hvd_overlap.core.exchange import (
@@ -106,11 +107,13 @@ class DenseExchanges:
         return {i for i, v in enumerate(variables) if v.ref() in refs}
 
     def carried(self, variables: list[tf.Variable]) -> set[int]:
-        """Positions in ``variables`` of the kernels whose gradient the graph being built
-        computed by the exchange."""
-        by_ref = {x.kernel.ref(): x for x in self.layers if x.active}
-        return {i for i, v in enumerate(variables)
-                if v.ref() in by_ref and by_ref[v.ref()].exchanged_here()}
+        """Positions in ``variables`` of the kernels whose gradient the step being traced
+        computes by the exchange: those the layers declared (``ExchangedDense.declared``), in
+        a train step (elsewhere the layers compute as Keras's)."""
+        if not self.in_train_step():
+            return set()
+        refs = {x.kernel.ref() for x in self.layers if x.declared() is not None}
+        return {i for i, v in enumerate(variables) if v.ref() in refs}
 
     def input_gradients(self) -> list[tf.Tensor]:
         """The input gradients of kernels on the rows that the graph being built sends back by
@@ -127,8 +130,8 @@ class DenseExchanges:
         order = sorted(found)
         seen = tf.stack([found[i].batch.read_value() for i in order]) if order else \
             tf.zeros([0], tf.int64)
-        batch = hvd.allreduce(seen, op=hvd.Max, name=f"{self.settings.name}.xch.batch",
-                              ignore_name_scope=True).numpy()
+        batch = collectives.allreduce(seen, f"{self.settings.name}.xch.batch",
+                                      op=hvd.Max).numpy()
         shapes = {i: DenseShape(*variables[i].shape.as_list(), batch=int(b),
                                 calls=max(found[i].calls, 1))
                   for i, b in zip(order, batch, strict=True) if b > 0}

@@ -18,12 +18,8 @@ from typing import Any
 import tensorflow as tf
 
 from hvd_overlap.adapters import keras_api
-from hvd_overlap.keras.sharded_state import (
-    ShardedState,
-    legacy_slots,
-    plain_order,
-    slots_by_slice,
-)
+from hvd_overlap.keras.sharded_slots import legacy_slots, plain_order, slots_by_slice
+from hvd_overlap.keras.sharded_state import ShardedState
 
 
 class MirroredState(ShardedState):

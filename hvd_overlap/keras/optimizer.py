@@ -21,12 +21,8 @@ from hvd_overlap.adapters import keras_api
 from hvd_overlap.comm.methods import CommSettings, default_method
 from hvd_overlap.comm.methods import StockHorovod as StockHorovodMethod
 from hvd_overlap.comm.planner import Planner
-from hvd_overlap.core.autoplan import Candidate
 from hvd_overlap.core.choice import Auto, StockHorovod, Strategy, for_accumulation
-from hvd_overlap.core.exchange import AUTO, NEVER
-from hvd_overlap.core.plan import DEFAULT_BUCKET_BYTES
-from hvd_overlap.core.spelling import KEYWORDS, resolve
-from hvd_overlap.core.strategies import get_strategy
+from hvd_overlap.core.spelling import KEYWORDS, NOT_PASSED, resolve
 from hvd_overlap.keras.executors import (
     Executor,
     MirroredShardedExecutor,
@@ -50,9 +46,9 @@ _counter = itertools.count()
 def DistributedOptimizer(  # noqa: N802 -- same name as Horovod's factory
     optimizer,
     strategy: str | Strategy = "layerwise",
-    bucket_bytes: int | str = DEFAULT_BUCKET_BYTES,
-    ordered: bool = False,
-    defer: int | str | None = None,
+    bucket_bytes: int | str = NOT_PASSED["bucket_bytes"],
+    ordered: bool = NOT_PASSED["ordered"],
+    defer: int | str | None = NOT_PASSED["defer"],
     name: str | None = None,
     device_dense: str = "",
     device_sparse: str = "",
@@ -62,14 +58,14 @@ def DistributedOptimizer(  # noqa: N802 -- same name as Horovod's factory
     op=hvd.Average,
     backward_passes_per_step: int = 1,
     average_aggregated_gradients: bool = False,
-    num_groups: int = 0,
-    groups=None,
+    num_groups: int = NOT_PASSED["num_groups"],
+    groups=NOT_PASSED["groups"],
     process_set=hvd.global_process_set,
     scale_local_gradients: bool = True,
-    gather_with: str = "allgather",
-    exchange: str = "never",
-    exchange_forward: str = "auto",
-    shard: str = "all",
+    gather_with: str = NOT_PASSED["gather_with"],
+    exchange: str = NOT_PASSED["exchange"],
+    exchange_forward: str = NOT_PASSED["exchange_forward"],
+    shard: str = NOT_PASSED["shard"],
 ):
     """Wrap a Keras optimizer so its gradients are averaged across ranks by ``strategy``.
 
@@ -80,9 +76,13 @@ def DistributedOptimizer(  # noqa: N802 -- same name as Horovod's factory
     spelling, ``hvd_overlap.core.spelling.parse``). With a name, ``bucket_bytes``, ``ordered``,
     ``defer``, ``gather_with``, ``exchange``, ``exchange_forward``, ``shard``, ``num_groups``
     and ``groups`` are sugar for the object's settings: one a strategy has no use for is a
-    ``TypeError``. ``process_set`` must be the global one; ``scale_local_gradients`` as
-    Horovod's (see ``register_local_var``). Deferring strategies and ``auto`` need
-    ``OverlapCallback`` (``model.fit``) or ``make_train_step`` (custom loops).
+    ``TypeError``; beside a strategy object, any of them (even at its default) is a
+    ``TypeError``: pass it to the object. Their defaults (``bucket_bytes=4 << 20``,
+    ``ordered=False``, ``defer=None``, ``gather_with="allgather"``, ``exchange="never"``,
+    ``exchange_forward="auto"``, ``shard="all"``, ``num_groups=0``, ``groups=None``) stand for
+    "not passed" (``core.spelling.Default``). ``process_set`` must be the global one;
+    ``scale_local_gradients`` as Horovod's (see ``register_local_var``). Deferring strategies
+    and ``auto`` need ``OverlapCallback`` (``model.fit``) or ``make_train_step`` (custom loops).
     """
     given = {k: v for k, v in locals().items() if k != "optimizer"}
     chosen = resolve(strategy, **{k: given.pop(k) for k in KEYWORDS})
@@ -93,8 +93,7 @@ def DistributedOptimizer(  # noqa: N802 -- same name as Horovod's factory
     validate(optimizer, op, gradient_predivide_factor, backward_passes_per_step, process_set)
     if chosen.shards:
         validate_sharding(optimizer)
-    plan_options = chosen.plan_options(hvd.size())
-    if plan_options.exchange != NEVER:
+    if chosen.exchanges:
         validate_exchange(compression)
     if chosen.defers and not isinstance(chosen, Auto):
         validate_deferring(optimizer, chosen.name)
@@ -103,44 +102,36 @@ def DistributedOptimizer(  # noqa: N802 -- same name as Horovod's factory
         prefix = name or f"Distributed{type(optimizer).__name__}"
     else:
         prefix = name or f"hvdo{next(_counter)}"
+    comm = chosen.comm_options()
     settings = CommSettings(
         name=prefix, op=op, compression=compression, sparse_as_dense=sparse_as_dense,
         gradient_predivide_factor=gradient_predivide_factor, device_dense=device_dense,
-        device_sparse=device_sparse, ordered=getattr(chosen, "ordered", False),
-        gather_with=plan_options.gather_with,
-        scale_local_gradients=scale_local_gradients,
-        groups=getattr(chosen, "groups", None) or getattr(chosen, "num_groups", 0) or None,
+        device_sparse=device_sparse, ordered=comm.ordered, gather_with=comm.gather_with,
+        scale_local_gradients=scale_local_gradients, groups=comm.groups,
     )
     cls = distributed_class(type(optimizer), options)
     wrapped = super(DistributedMixin, cls).from_config(optimizer.get_config())
     plain = plain_methods(wrapped)
 
-    def executor(c: Candidate) -> Executor:
+    def executor(c: Strategy) -> Executor:
         """The executor of one plan (a candidate of ``auto``, or the user's own)."""
-        st = get_strategy(c.strategy)
         sets = settings if not chosen.tuned else replace(
-            settings, name=f"{prefix}.{c.strategy}.{c.bucket_bytes}.{c.defer}")
-        options = replace(plan_options, bucket_bytes=c.bucket_bytes or DEFAULT_BUCKET_BYTES,
-                          defer=c.defer)
-        if c.exchange:  # one of auto's sharded plans, with the dense factor exchange
-            options = replace(options, exchange=AUTO, exchange_forward=c.exchange,
-                              shard=c.shard)
-        planner = Planner(st, options, sparse_as_dense)
-        method = default_method(sets, fused_by_horovod=c.strategy == "horovod", shards=st.shards)
+            settings, name=f"{prefix}.{c.child_name()}")
+        planner = Planner(c, hvd.size(), sparse_as_dense)
+        method = default_method(sets, fused_by_horovod=isinstance(c, StockHorovod),
+                                shards=c.shards)
         if isinstance(method, StockHorovodMethod):
             method = _StockFunction(sets)
-        return make_executor(st, wrapped, plain, planner, method, sets,
+        return make_executor(c, wrapped, plain, planner, method, sets,
                              backward_passes_per_step, average_aggregated_gradients,
                              MirroredShardedExecutor if isinstance(chosen, Auto)
                              else ShardedExecutor)
 
-    size = getattr(chosen, "bucket_bytes", 0)
-    defer_ = getattr(chosen, "defer", None)
     if chosen.tuned:
-        probe, pool, label = auto_choices(optimizer, chosen.name, size, defer_)
+        probe, pool, label = auto_choices(optimizer, chosen)
         wrapped._hvdo = AutoExecutor(wrapped, plain, executor, probe, pool, settings, label)
     else:
-        wrapped._hvdo = executor(Candidate(chosen.name, size, defer_))
+        wrapped._hvdo = executor(chosen)
     wrapped._hvdo.chosen = chosen
     entry = wrapped._hvdo.checkpoint_entry
     if entry is not None:  # sharded state: a checkpoint dependency, saved and restored with it

@@ -25,8 +25,16 @@ import numpy as np
 import tensorflow as tf
 
 from hvd_overlap.adapters import keras_api
+from hvd_overlap.comm import collectives
 from hvd_overlap.core import mutants
 from hvd_overlap.core.sharding import ShardLayout, join_slices, own_slice
+from hvd_overlap.keras.sharded_slots import (
+    build_slice_slots,
+    decay_masks,
+    plain_order,
+    release_slots,
+    stale_state_error,
+)
 from hvd_overlap.keras.state_scope import plugin_state
 
 #: dtypes a checkpoint keeps slot state in (one flat array each); fixed so restores can name them
@@ -66,14 +74,14 @@ class ShardedState:
                     own_slice(b, arrays, rank), trainable=False,
                     name=f"{self.name}_shard{b.bucket}")
             self.slots = self._make_slots(build_slots)
-            self.decay_masks = _decay_masks(self.opt, layout, variables, rank)
+            self.decay_masks = decay_masks(self.opt, layout, variables, rank)
             self.layout = layout
             self._initial_state()  # eagerly, once (not an op of the train step)
 
     def _make_slots(self, build: Callable[[list[tf.Variable]], Any]
                     ) -> dict[int, dict[str, tf.Variable]]:
         """The optimizer's slots for the slices, by bucket and slot name."""
-        return _build_slots(self.opt, self.params, build)
+        return build_slice_slots(self.opt, self.params, build)
 
     def _initial_state(self) -> None:
         """The slots' values once made: what a checkpoint restored before, if anything."""
@@ -85,7 +93,7 @@ class ShardedState:
         it serves this state's checkpoint -- the one the optimizer tracks."""
         cp = self.checkpoint
         gathered = self.gather_state() if self.layout is not None else None
-        _release_slots(self.opt, self.slots)
+        release_slots(self.opt, self.slots)
         cp.serve(successor)
         if gathered is not None:  # else what a restore left pending stays so
             cp.restore(gathered, self.step)
@@ -114,8 +122,8 @@ class ShardedState:
             if not names:
                 continue
             mine = [self.slots[b.bucket][n].read_value() for n in names]
-            gathered = mine if b.whole else hvd.grouped_allgather(  # (whole: every rank's)
-                mine, name=f"{self.name}.state{b.bucket}", ignore_name_scope=True)
+            gathered = mine if b.whole else collectives.grouped_allgather(  # (whole: every rank's)
+                mine, f"{self.name}.state{b.bucket}")
             for n, g in zip(names, gathered, strict=True):
                 whole = join_slices(b, g.numpy())
                 for s in b.segments:
@@ -218,100 +226,3 @@ class ShardedCheckpoint(keras_api.Trackable):
             slots.setdefault(slot, {})[int(index)] = data[d][offset:offset + size].reshape(shape)
         self.restore(slots, layout["iterations"])
         return tf.no_op()
-
-
-def _build_slots(opt, params: dict[int, tf.Variable],
-                 build: Callable[[list[tf.Variable]], Any]) -> dict[int, dict[str, tf.Variable]]:
-    """Build the optimizer's slots for the slice variables (``build``: the plain optimizer's),
-    then take them out of ``opt.variables()`` (and so out of broadcasts and the optimizer's own
-    checkpoint entries)."""
-    shard_vars = list(params.values())
-    if keras_api.is_legacy_optimizer(opt):  # slots via add_slot, found by get_slot
-        keras_api.create_legacy_slots(opt, shard_vars)
-        slots = dict(zip(params, legacy_slots(opt, shard_vars), strict=True))
-    else:  # slots appended to opt.variables, found by name
-        before = {id(v) for v in opt.variables}
-        keras_api.mark_unbuilt(opt)  # an earlier plan's slices had slots built (auto's switch)
-        build(shard_vars)
-        slots = slots_by_slice(opt, params, [v for v in opt.variables if id(v) not in before])
-    keras_api.hide_optimizer_variables(opt, {id(v) for d in slots.values() for v in d.values()})
-    return slots
-
-
-def legacy_slots(opt, variables: Sequence[tf.Variable]) -> list[dict[str, tf.Variable]]:
-    """A legacy optimizer's slots of each variable, by slot name (those it made)."""
-    out = []
-    for v in variables:
-        got = {}
-        for n in opt.get_slot_names():
-            try:
-                got[n] = opt.get_slot(v, n)
-            except KeyError:
-                pass
-        out.append(got)
-    return out
-
-
-def slots_by_slice(opt, params: dict[int, tf.Variable], made: Sequence[tf.Variable]
-                   ) -> dict[int, dict[str, tf.Variable]]:
-    """Keras 2.11+ slots just ``made`` for the slice variables ``params``, by bucket and slot
-    name (a slot is named after its variable)."""
-    owner = {keras_api.shared_name(p): b for b, p in params.items()}
-    slots: dict[int, dict[str, tf.Variable]] = {b: {} for b in params}
-    for v in made:
-        slot, var_name = keras_api.slot_of(v)
-        if var_name not in owner:
-            raise TypeError(f"{type(opt).__name__} made variable {v.name} that is not a slot "
-                            "of one parameter slice; the sharded strategy cannot split it")
-        slots[owner[var_name]][slot] = v
-    return slots
-
-
-def _release_slots(opt, slots: dict[int, dict[str, tf.Variable]]) -> None:
-    """Forget slots ``_build_slots`` made, once their slices are dropped (auto's plan switch):
-    a legacy optimizer keeps them in its slot registry; a Keras 2.11+ one replaces its slot
-    lists when built again."""
-    keras_api.forget_legacy_slots(opt, {id(v) for d in slots.values() for v in d.values()})
-
-
-def _decay_masks(opt, layout: ShardLayout, variables, rank: int) -> dict[int, tf.Tensor]:
-    """Keras's decoupled weight decay skips the variables excluded by name or identity; on a
-    slice spanning several variables that is a 0/1 mask (only where some are excluded)."""
-    if getattr(opt, "weight_decay", None) is None:
-        return {}
-    masks = {}
-    for b in layout.buckets:
-        use = {s.index: keras_api.uses_weight_decay(opt, variables[s.index]) for s in b.segments}
-        if all(use.values()):
-            continue
-        ones = {s.index: np.full(s.shape, 1.0 if use[s.index] else 0.0, b.dtype)
-                for s in b.segments}
-        masks[b.bucket] = tf.constant(own_slice(b, ones, rank))
-    return masks
-
-
-def stale_state_error(weights_step: int, state_step: int | None) -> ValueError:
-    return ValueError(
-        f"weights of step {weights_step} but sharded optimizer state of step {state_step} "
-        "(None: never gathered): the state was not gathered before saving. Save where "
-        "OverlapCallback gathers it (end of epoch, or pass OverlapCallback(flush_every=N) for "
-        "ModelCheckpoint(save_freq=N)), or call opt.flush(); opt.gather_state() on every rank "
-        "before saving.")
-
-
-def plain_order(plain_class: type, opt,
-                variables: Sequence[tf.Variable]) -> list[tuple[str, int, float]]:
-    """(slot name, variable index, initial value) of every variable the plain optimizer (the
-    user's class, configured as ``opt``) would keep after its step counter, in its order (that
-    of ``save_own_variables``); found by building one on 1-element stand-ins, so no full-size
-    slot is ever allocated."""
-    plain = plain_class.from_config(opt.get_config())
-    with plugin_state():
-        probes = [tf.Variable(tf.zeros([1], v.dtype), name=f"hvdo_probe{i}")
-                  for i, v in enumerate(variables)]
-        plain.build(probes)
-    order = []
-    for v in keras_api.slot_variables(plain):
-        slot, var_name = keras_api.slot_of(v)
-        order.append((slot, int(var_name[len("hvdo_probe"):]), float(v.numpy()[0])))
-    return order

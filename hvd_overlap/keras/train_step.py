@@ -8,6 +8,8 @@ from typing import Any
 
 import tensorflow as tf
 
+from hvd_overlap.keras.executors.step_state import StepKind, step_context
+
 
 class OverlapTrainStep:
     """A custom-loop step (ending with ``apply_gradients``) in a ``tf.function`` that starts
@@ -20,8 +22,9 @@ class OverlapTrainStep:
 
     def _trace(self):
         def step(*args, **kwargs):
-            self.opt.pre_forward()
-            return self.step_fn(*args, **kwargs)
+            with step_context(StepKind.DEFER):  # a custom loop's steps all defer
+                self.opt.pre_forward()
+                return self.step_fn(*args, **kwargs)
         return tf.function(step)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:

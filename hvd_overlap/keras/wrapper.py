@@ -125,15 +125,16 @@ class DistributedMixin:
         handoff.returned(Gradients.GLOBAL)
         return list(zip(grads, variables, strict=True))
 
-    def pre_forward(self) -> None:
+    def pre_forward(self, landing: bool = False) -> None:
         """Start of a train step: bring in the previous step's deferred updates, in forward
         order, each layer's forward waiting only for its own bucket. (``deferred``/``hybrid``:
         reduce and apply the deferred buckets; ``sharded``: all-gather the updated slices.)
 
         ``OverlapCallback`` calls it inside ``model.fit``'s train step; in custom loops use
-        ``make_train_step``. Harmless (a no-op) for strategies that defer nothing.
+        ``make_train_step``. Harmless (a no-op) for strategies that defer nothing. ``landing``:
+        called again at the end of a landing step (``StepKind.LAND``), every update left lands.
         """
-        self._hvdo.pre_forward()
+        self._hvdo.pre_forward(landing)
 
     def flush(self) -> None:
         """Apply any pending deferred update now. Call it on every rank before anyone

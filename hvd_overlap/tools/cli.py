@@ -43,7 +43,6 @@ def plan(model_file: str, strategy: str, bucket_bytes: int | None, exchange: str
     from hvd_overlap.comm.planner import var_specs
     from hvd_overlap.core.exchange import NEVER, DenseShape, label_exchange
     from hvd_overlap.core.spelling import resolve
-    from hvd_overlap.core.strategies import get_strategy
 
     try:
         chosen = resolve(strategy, bucket_bytes=bucket_bytes or DEFAULT_BUCKET_BYTES,
@@ -53,19 +52,18 @@ def plan(model_file: str, strategy: str, bucket_bytes: int | None, exchange: str
     if chosen.tuned:
         raise click.UsageError(f"{chosen.spec()}: 'auto' settings are chosen while training; "
                                "name the plan to print (e.g. --strategy hybrid+bucket=8M)")
-    options = chosen.plan_options(ranks)
+    layers, forward = chosen.exchange_modes()
     model = tf.keras.models.load_model(model_file, compile=False)
     kernels: frozenset = frozenset()
-    if options.exchange != NEVER:
+    if layers != NEVER:
         from hvd_overlap.keras.exchange import exchangeable_layers
 
         kernels = frozenset(layer.kernel.ref() for layer in exchangeable_layers(model))
     specs = var_specs(model.trainable_variables, exchangeable=kernels)
-    built = get_strategy(chosen.name).build_plan(specs, options)
-    if options.exchange != NEVER:
+    built = chosen.build_plan(specs, ranks)
+    if layers != NEVER:
         built = label_exchange(built, {s.index: DenseShape(*s.shape, batch=batch_size)
-                                       for s in specs if s.exchangeable}, options.exchange,
-                               ranks, options.exchange_forward)
+                                       for s in specs if s.exchangeable}, layers, ranks, forward)
     click.echo(built.describe())
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import click
 
 from hvd_overlap.core.simulate import STRATEGIES as SIM_STRATEGIES
+from hvd_overlap.core.strategy import REGISTRY
 
 
 @click.command()
@@ -114,7 +115,9 @@ def simulate(profile_paths: tuple[str, ...], np_: str, bandwidth: str, latency: 
             bucket_bytes=int(bucket_mb * 2**20))
         names = [s.strip() for s in strategies.split(",") if s.strip()]
         autos = {"auto": "every", "auto_whole": "whole", "auto_sharded": "sharded"}
-        unknown = [s for s in names if s not in sim.STRATEGIES + tuple(autos)]
+        # a registered strategy of one's own (``core.strategy.register``) by its plain name too
+        own = tuple(n for n, c in REGISTRY.items() if not c().tuned)
+        unknown = [s for s in names if s not in sim.STRATEGIES + tuple(autos) + own]
         if unknown or not names:
             raise ValueError(f"--strategies {','.join(unknown) or '(empty)'}: choose from "
                              f"{', '.join(sim.STRATEGIES + tuple(autos))}")
@@ -196,7 +199,7 @@ def simulate(profile_paths: tuple[str, ...], np_: str, bandwidth: str, latency: 
                 p: {"model": prof.model, "batch_size": prof.batch_size,
                     "compute_s": prof.compute_s, "results": [r.to_dict() for r in results],
                     "exchange": [c.to_dict() for c in exchanges[p]],
-                    "auto": [{"as": name, "ranks": c.result.ranks, **c.best.keywords(),
+                    "auto": [{"as": name, "ranks": c.result.ranks, **c.best.factory_keywords(),
                               "speedup_vs_stock": c.speedup} for name, c in choices.get(p, [])],
                     "growth": [report.growth_dict(t) for t in grown.get(p, [])]}
                 for p, (prof, results) in runs.items()}}, indent=1))

@@ -173,7 +173,7 @@ def growth_dict(t: RunTimes) -> dict[str, Any]:
                         "per_rank_batch": pt.per_rank_batch,
                         "steps_per_epoch": pt.steps_per_epoch, "compute_s": pt.compute_s,
                         "stock_step_s": pt.stock_s,
-                        "auto_step_s": pt.plugin_s, "auto_plan": pt.plan.keywords()}
+                        "auto_step_s": pt.plugin_s, "auto_plan": pt.plan.factory_keywords()}
                        for pt in t.phases]}
 
 

@@ -10,7 +10,14 @@ import tensorflow as tf
 
 import hvd_overlap.keras as hvdo
 from hvd_overlap import DEFAULT_BUCKET_BYTES
-from hvd_overlap.core.autoplan import Candidate
+from hvd_overlap.core.choice import (
+    Deferred,
+    Hybrid,
+    Sharded,
+    ShardedHybrid,
+    StockHorovod,
+    Strategy,
+)
 from hvd_overlap.keras.executors import auto
 from tests.multirank import test_keras_usage
 from tests.multirank.helpers import (
@@ -33,7 +40,7 @@ from tests.multirank.helpers import (
 from tests.multirank.test_keras_usage import _fit_mixed, _fit_per_batch_lr
 
 # trials of plans that defer part or all of a step (so a switch has a pending update to land)
-TRIALS = [Candidate("hybrid", 2048, 2), Candidate("deferred", 2048)]
+TRIALS = [Hybrid(bucket_bytes=2048, defer=2), Deferred(bucket_bytes=2048)]
 
 
 @pytest.fixture(autouse=True)
@@ -61,7 +68,7 @@ def auto_with(trials=None, strategy="auto", **kw):
 
 
 # sharded plans the online check switches through: other bucket sizes (the slices are cut anew)
-SHARDED_TRIALS = [Candidate("sharded_hybrid", 2048, 2), Candidate("sharded", 8192)]
+SHARDED_TRIALS = [ShardedHybrid(bucket_bytes=2048, defer=2), Sharded(bucket_bytes=8192)]
 
 
 def sharded_auto():
@@ -75,7 +82,7 @@ def _ran_through_trials(opt, got: Result) -> None:
     same on every rank."""
     ex = opt._hvdo
     assert ex.settled, f"the online check did not finish: {ex.reason}"
-    assert set(ex.measured) == {Candidate("horovod"), *TRIALS}
+    assert set(ex.measured) == {StockHorovod(), *TRIALS}
     assert ex.switches >= len(TRIALS), ex.log
     assert got.deferred_steps > 0, "no step of a deferring trial left its update pending"
     assert [c["why"] for c in ex.choices] == ["start"], ex.choices
@@ -194,12 +201,12 @@ def test_a_rank_late_to_the_link_probe_is_not_timed_as_the_link(monkeypatch):
     assert got.per_collective_s < 0.05, got
 
 
-def _times(monkeypatch, ms: dict[Candidate, list[float]]) -> list[Candidate]:
+def _times(monkeypatch, ms: dict[Strategy, list[float]]) -> list[Strategy]:
     """Each trial of a plan measures the next of its ``ms`` (the same on every rank; none
     left: the slowest), so the test decides what the online check sees. Returns the plans
     whose trials ended, in order (filled as the run goes)."""
     left = {c: list(t) for c, t in ms.items()}
-    timed: list[Candidate] = []
+    timed: list[Strategy] = []
 
     def agree(self, values):
         timed.append(self.current)
@@ -208,7 +215,7 @@ def _times(monkeypatch, ms: dict[Candidate, list[float]]) -> list[Candidate]:
     return timed
 
 
-HORO, HYBRID, DEFERRED = Candidate("horovod"), *TRIALS
+HORO, HYBRID, DEFERRED = StockHorovod(), *TRIALS
 
 
 @pytest.mark.parametrize("second", [80.0, 120.0])
@@ -264,7 +271,7 @@ def test_a_switch_lands_the_pending_update_first():
     update instead of landing it ends elsewhere, so the tests can see a lost step."""
     wrap = auto_with(TRIALS)
     original = auto.AutoExecutor._switch
-    dropped: list[Candidate] = []
+    dropped: list[Strategy] = []
 
     def dropping(self, c):
         if self.child().pending:
@@ -315,12 +322,12 @@ def test_per_batch_learning_rate_callbacks_equal_stock(opt_name, family):
 
 
 def test_bucket_bytes_auto_keeps_the_named_strategy_and_matches_stock():
-    sizes = [Candidate("hybrid", 1024, 1), Candidate("hybrid", 8192, 1)]
+    sizes = [Hybrid(bucket_bytes=1024, defer=1), Hybrid(bucket_bytes=8192, defer=1)]
     wrap = auto_with(sizes, strategy="hybrid", bucket_bytes="auto")
     got = train_fit("cnn_bn", "sgd_momentum", wrap)
     ex = wrap.made[0]._hvdo
-    assert ex.settled and ex.current.strategy == "hybrid"
-    assert ex.probe == Candidate("hybrid", DEFAULT_BUCKET_BYTES)
+    assert ex.settled and ex.current.name == "hybrid"
+    assert ex.probe == Hybrid(bucket_bytes=DEFAULT_BUCKET_BYTES)
     assert set(ex.measured) == {ex.probe, *sizes} and ex.switches >= len(sizes), ex.log
     assert [(c["why"], c["chosen"]) for c in ex.choices] == [("start", ex.current.describe())]
     assert_weights_close(got, stock_reference("cnn_bn", "sgd_momentum"))
@@ -330,7 +337,7 @@ def test_switching_out_of_a_sharded_plan_carries_adams_state():
     """``strategy="auto"`` into a sharded plan and out of it again with Adam: the slices start
     from the optimizer's whole moments and go back into them when the plan ends, so the next
     plan goes on from them; the weights are stock's (a dropped state would show)."""
-    plans = [Candidate("sharded", 2048), Candidate("hybrid", 2048, 2)]
+    plans = [Sharded(bucket_bytes=2048), Hybrid(bucket_bytes=2048, defer=2)]
     wrap = auto_with(plans)
     got = train_fit("cnn_bn", "adam", wrap)
     ex = wrap.made[0]._hvdo
@@ -354,7 +361,7 @@ def test_sharded_bucket_bytes_auto_recuts_the_state_and_matches_stock(opt_name):
     opt = wrap.made[0]
     ex = opt._hvdo
     assert ex.settled and ex.switches >= len(SHARDED_TRIALS), ex.log
-    assert ex.probe == Candidate("sharded", DEFAULT_BUCKET_BYTES)
+    assert ex.probe == Sharded(bucket_bytes=DEFAULT_BUCKET_BYTES)
     assert set(ex.measured) == {ex.probe, *SHARDED_TRIALS}
     slices, slots = opt.slice_variables()
     n = sum(int(np.prod(v.shape)) for v in slices)

@@ -8,7 +8,13 @@ import horovod.tensorflow as hvd_tf
 import pytest
 import tensorflow as tf
 
-from hvd_overlap.core.autoplan import Candidate
+from hvd_overlap.core.choice import (
+    Exchange,
+    Hybrid,
+    Sharded,
+    StockHorovod,
+    Strategy,
+)
 from hvd_overlap.keras.executors import auto
 from hvd_overlap.keras.mirrored_state import MirroredState
 from tests.multirank.helpers import (
@@ -22,15 +28,17 @@ from tests.multirank.helpers import (
 )
 from tests.multirank.test_auto import auto_with, short_trials  # noqa: F401 (autouse here too)
 
-HORO = Candidate("horovod")
-EXCHANGE = Candidate("sharded", 8192, exchange="rows")  # dense_big's 1024x1024 on the rows
-DENSE_ONLY = Candidate("sharded", 8192, exchange="rows", shard="dense")  # the rest whole
-HYBRID = Candidate("hybrid", 2048, 2)
+HORO = StockHorovod()
+#: dense_big's 1024x1024 on the rows
+EXCHANGE = Sharded(bucket_bytes=8192, exchange=Exchange(forward="rows"))
+DENSE_ONLY = Sharded(bucket_bytes=8192, exchange=Exchange(forward="rows"),
+                     shard="dense")  # the rest whole
+HYBRID = Hybrid(bucket_bytes=2048, defer=2)
 TRIALS = [EXCHANGE, HYBRID]
 MODEL = "dense_big"
 
 
-def choose_the_exchange(monkeypatch, plan: Candidate = EXCHANGE) -> None:
+def choose_the_exchange(monkeypatch, plan: Strategy = EXCHANGE) -> None:
     """Every trial of the exchange plan measures fastest (the same on every rank)."""
     ms = {HORO: 100.0, plan: 50.0, HYBRID: 90.0}
 

@@ -190,11 +190,16 @@ def test_auto_chooses_again_at_a_growth_and_equals_stock(monkeypatch, exchanged)
     batch: long enough) the plan is chosen again (the probe, every trial, the choice: a second
     online check), switching out of a sharded plan with the dense factor exchange and back
     into it; the weights are stock Horovod's with the same growth."""
-    from hvd_overlap.core.autoplan import Candidate
+    from hvd_overlap.core.choice import (
+        Exchange,
+        Hybrid,
+        Sharded,
+        StockHorovod,
+    )
     from hvd_overlap.keras.executors import auto
 
-    probe, exchange = Candidate("horovod"), Candidate("sharded", 8192, exchange="rows")
-    trials = [exchange, Candidate("hybrid", 2048, 2)]
+    probe, exchange = StockHorovod(), Sharded(bucket_bytes=8192, exchange=Exchange(forward="rows"))
+    trials = [exchange, Hybrid(bucket_bytes=2048, defer=2)]
     # the exchange measures fastest, by less than a clear win (which would end the check)
     ms = {probe: 100.0, exchange: 80.0, trials[1]: 90.0}
     monkeypatch.setattr(auto, "TRIAL_STEPS", 1)  # a check: 24 steps

@@ -1,9 +1,10 @@
 """The simulator's strategy names, and each strategy's plan over a profile's layers.
 
-A simulator strategy is a runtime strategy (``hvd_overlap.core.strategies``), or a sharded one
-with the dense factor exchange (``sharded+exchange``: ``exchange="auto"``,
-``hvd_overlap.core.exchange``) and optionally its ``exchange_forward`` (``+gather``,
-``+rows``) and ``shard="dense"`` (``sharded+exchange+rows+shard=dense``). The profile's layers
+The simulator takes the strategy objects themselves (``hvd_overlap.core.choice``: each builds
+its own plan); its names (``STRATEGIES``) are their spellings (``hvd_overlap.core.spelling``):
+the runtime strategies, and the sharded ones with the dense factor exchange
+(``sharded+exchange``) and optionally its forward (``+gather``, ``+rows``) and
+``shard="dense"`` (``sharded+exchange+rows+shard=dense``). The profile's layers
 become the plan's variables (one per layer with a gradient; a dense layer's kernel apart from
 its bias where the exchange may carry it), and the plan's buckets become ``StepBucket``
 records over the profile's layer positions, which the step builders
@@ -16,6 +17,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from hvd_overlap.core.choice import STRATEGIES as _CLASSES
+from hvd_overlap.core.choice import Deferred, Exchange, Hybrid, Sharded, ShardedHybrid
 from hvd_overlap.core.exchange import AUTO, GATHER, NEVER, ROWS, DenseShape, label_exchange
 from hvd_overlap.core.plan import (
     BACKWARD,
@@ -26,22 +29,49 @@ from hvd_overlap.core.plan import (
     VarSpec,
     itemsize,
 )
+from hvd_overlap.core.plan_builders import SHARD_DENSE
 from hvd_overlap.core.sim.profile import Profile
 from hvd_overlap.core.spelling import parse
-from hvd_overlap.core.strategies import STRATEGIES as _STRATEGIES
-from hvd_overlap.core.strategies import get_strategy
+from hvd_overlap.core.strategy import Strategy
 
-RUNTIME_STRATEGIES = tuple(_STRATEGIES)  # every runtime strategy, simulated from its own plan
-EXCHANGE_SUFFIX = "+exchange"  # a sharded strategy with exchange="auto"
-# ...and exchange_forward, as the bench spells it (no suffix: "auto")
-FORWARD_SUFFIXES = {"": AUTO, "+gather": GATHER, "+rows": ROWS}
-_COST_CHOICE = "+rows_if_cheaper"  # internal: exchange_forward="auto" before its online check
-EXCHANGE_STRATEGIES = tuple(f"{s}{EXCHANGE_SUFFIX}" for s in RUNTIME_STRATEGIES
-                            if _STRATEGIES[s].shards)
-DENSE_SUFFIX = "+shard=dense"  # only the exchange's dense kernels sharded (``shard="dense"``)
-STRATEGIES = RUNTIME_STRATEGIES + tuple(f"{s}{f}" for s in EXCHANGE_STRATEGIES
-                                        for f in FORWARD_SUFFIXES) \
-    + tuple(f"{EXCHANGE_STRATEGIES[0]}{f}{DENSE_SUFFIX}" for f in FORWARD_SUFFIXES)
+RUNTIME_STRATEGIES = tuple(_CLASSES)  # every runtime strategy, simulated from its own plan
+#: the sharded strategies with the dense factor exchange (``exchange="auto"``)
+EXCHANGE_STRATEGIES = tuple(c(exchange=Exchange()).spec() for c in _CLASSES.values()
+                            if c.shards)
+_FORWARDS = (AUTO, GATHER, ROWS)  # the exchange's forward, in the names' order
+STRATEGIES = RUNTIME_STRATEGIES + tuple(
+    c(exchange=Exchange(forward=f)).spec() for c in _CLASSES.values() if c.shards
+    for f in _FORWARDS) + tuple(Sharded(exchange=Exchange(forward=f), shard=SHARD_DENSE).spec()
+                                for f in _FORWARDS)
+
+
+def strategy_of(strategy: str | Strategy, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+                defer: int | None = None) -> Strategy:
+    """The strategy object to simulate: an object as given (its own bucket size and split);
+    a name (the edge: the CLI, the bench) parsed and built with ``bucket_bytes`` and
+    ``defer`` (-1: every bucket), where the strategy splits: ``hybrid`` and
+    ``sharded_hybrid`` at ``defer`` (-1: ``deferred``'s and ``sharded``'s plan), ``sharded``
+    at ``defer`` >= 0 (``sharded_hybrid``'s plan)."""
+    if isinstance(strategy, Strategy):
+        return strategy
+    try:
+        chosen = parse(strategy)
+    except (TypeError, ValueError):
+        raise ValueError(f"strategy {strategy!r}: choose one of {', '.join(STRATEGIES)}"
+                         ) from None
+    own = chosen.settings()
+    if "bucket_bytes" not in own:
+        return chosen
+    own["bucket_bytes"] = bucket_bytes
+    if defer == -1 and isinstance(chosen, ShardedHybrid):
+        return Sharded(**{k: v for k, v in own.items() if k != "defer"})
+    if defer == -1 and isinstance(chosen, Hybrid):
+        return Deferred(bucket_bytes, own["ordered"])
+    if defer is not None and defer >= 0 and type(chosen) is Sharded:
+        return ShardedHybrid(**own, defer=defer)
+    if "defer" in own:
+        own["defer"] = defer
+    return replace(chosen, **own)
 
 
 @dataclass(frozen=True)
@@ -60,16 +90,13 @@ class StepBucket:
     allreduced: bool = False  # a sharded plan's whole bucket (``shard="dense"``): allreduced
 
 
-def exchange_mode(strategy: str) -> tuple[str, str, str]:
+def exchange_mode(strategy: str | Strategy) -> tuple[str, str, str]:
     """The runtime strategy and ``exchange`` and ``exchange_forward`` keywords of a simulator
-    strategy, read by the one strategy parser (``hvd_overlap.core.spelling.parse``):
-    ``sharded+exchange`` -> ``("sharded", "auto", "auto")``, ``sharded+exchange+rows`` ->
-    ``("sharded", "auto", "rows")``, ``sharded`` -> ``("sharded", "never", "auto")``."""
-    if strategy.endswith(_COST_CHOICE):
-        return exchange_mode(strategy[:-len(_COST_CHOICE)])
-    chosen = parse(strategy)
-    options = chosen.plan_options()
-    return chosen.name, options.exchange, options.exchange_forward
+    strategy: ``sharded+exchange`` -> ``("sharded", "auto", "auto")``,
+    ``sharded+exchange+rows`` -> ``("sharded", "auto", "rows")``, ``sharded`` ->
+    ``("sharded", "never", "auto")``."""
+    chosen = strategy_of(strategy)
+    return (chosen.name, *chosen.exchange_modes())
 
 
 def _specs(profile: Profile, exchange: bool = False) -> list[VarSpec]:
@@ -96,21 +123,22 @@ def _dense_shapes(profile: Profile, specs: Sequence[VarSpec]) -> dict[int, Dense
             for v in specs if v.exchangeable}
 
 
-def plan_of(profile: Profile, strategy: str, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-            defer: int | None = None, ranks: int = 1) -> Plan | None:
+def plan_of(profile: Profile, strategy: str | Strategy,
+            bucket_bytes: int = DEFAULT_BUCKET_BYTES, defer: int | None = None,
+            ranks: int = 1) -> Plan | None:
     """The plan the runtime would build for the profile's layers on ``ranks`` ranks (None:
-    nothing to send); an exchange strategy's with each dense kernel's choice made for the
-    profile's batch (``label_exchange``)."""
-    chosen = parse(strategy.removesuffix(_COST_CHOICE))
-    options = replace(chosen.plan_options(ranks), bucket_bytes=bucket_bytes, defer=defer)
-    specs = _specs(profile, options.exchange != NEVER)
+    nothing to send); a name is built with ``bucket_bytes`` and ``defer`` (``strategy_of``);
+    an exchange strategy's with each dense kernel's choice made for the profile's batch
+    (``label_exchange``)."""
+    chosen = strategy_of(strategy, bucket_bytes, defer)
+    layers, forward = chosen.exchange_modes()
+    specs = _specs(profile, layers != NEVER)
     if not specs:
         return None
-    plan = get_strategy(chosen.name).build_plan(specs, options)
-    if options.exchange == NEVER:
+    plan = chosen.build_plan(specs, ranks)
+    if layers == NEVER:
         return plan
-    return label_exchange(plan, _dense_shapes(profile, specs), options.exchange, ranks,
-                          options.exchange_forward)
+    return label_exchange(plan, _dense_shapes(profile, specs), layers, ranks, forward)
 
 
 def buckets_of(profile: Profile, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
@@ -168,7 +196,8 @@ class ExchangeChoice:
         return {**asdict(self), "exchanged": self.exchanged}
 
 
-def exchange_choices(profile: Profile, ranks: int, strategy: str = EXCHANGE_STRATEGIES[0],
+def exchange_choices(profile: Profile, ranks: int,
+                     strategy: str | Strategy = EXCHANGE_STRATEGIES[0],
                      bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> list[ExchangeChoice]:
     """Each dense kernel of the profile (forward order) as ``strategy``'s plan on ``ranks``
     ranks treats it (``label_exchange``'s choice, ``DenseShape``'s bytes)."""

@@ -6,11 +6,13 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from hvd_overlap.core.margin import as_share_of_incumbent, keep_unless_faster
 from hvd_overlap.core.sim.cluster import Cluster
 from hvd_overlap.core.sim.events import run_step
-from hvd_overlap.core.sim.plans import _COST_CHOICE, EXCHANGE_SUFFIX, STRATEGIES
+from hvd_overlap.core.sim.plans import STRATEGIES, strategy_of
 from hvd_overlap.core.sim.profile import Profile
 from hvd_overlap.core.sim.steps import build_step
+from hvd_overlap.core.strategy import Strategy
 from hvd_overlap.core.trial import MARGIN
 
 
@@ -39,23 +41,33 @@ class StepResult:
 
 
 
-def simulate(profile: Profile, strategy: str, cluster: Cluster,
+def simulate(profile: Profile, strategy: str | Strategy, cluster: Cluster,
              defer: int | None = None) -> StepResult:
-    """One steady-state step of ``strategy`` on ``cluster``; ``defer``: input-side buckets
-    deferred to the next step (``hybrid``, ``sharded``, ``sharded_hybrid``), as
-    ``DistributedOptimizer(defer=...)``: the step is built from the strategy's own plan."""
+    """One steady-state step of ``strategy`` on ``cluster``: an object's own plan, or a name's
+    built with the cluster's bucket size and ``defer`` (input-side buckets deferred to the
+    next step, as ``DistributedOptimizer(defer=...)``). A strategy with an online check (the
+    exchange's ``forward="auto"``: ``Strategy.online_alternative``) runs the faster of its
+    plan and the alternative, as the check keeps it (``core.trial.MARGIN``)."""
+    label = strategy if isinstance(strategy, str) else strategy.spec()
     compute = profile.compute_s  # the compute-only baseline: local training, full update
     if cluster.ranks == 1:
-        return StepResult(strategy, 1, compute, compute, 0.0, 0, 0.0)
-    if strategy.endswith(EXCHANGE_SUFFIX):  # exchange_forward="auto": its online check too
-        chosen = simulate(profile, strategy + _COST_CHOICE, cluster, defer)
-        gather = simulate(profile, strategy + "+gather", cluster, defer)
-        best = gather if gather.step_s * (1 + MARGIN) < chosen.step_s else chosen
-        return replace(best, strategy=strategy)
-    tasks, reqs = build_step(profile, strategy, cluster, defer)
+        return StepResult(label, 1, compute, compute, 0.0, 0, 0.0)
+    chosen = strategy_of(strategy, cluster.bucket_bytes, defer)
+    best = _step(profile, chosen, cluster)
+    other = chosen.online_alternative()
+    if other is not None:
+        alt = _step(profile, other, cluster)
+        if not keep_unless_faster(alt.step_s, best.step_s, as_share_of_incumbent(MARGIN)):
+            best = alt
+    return replace(best, strategy=label)
+
+
+def _step(profile: Profile, chosen: Strategy, cluster: Cluster) -> StepResult:
+    """The simulated step of ``chosen``'s plan alone."""
+    tasks, reqs = build_step(profile, chosen, cluster)
     out = run_step(tasks, reqs, cluster)
     sent = sum(cluster.wire_bytes(r.kind, r.nbytes) for r in reqs)
-    return StepResult(strategy, cluster.ranks, out["end"], compute, out["wire"],
+    return StepResult(chosen.spec(), cluster.ranks, out["end"], profile.compute_s, out["wire"],
                       out["collectives"], sent)
 
 

@@ -37,8 +37,9 @@ from typing import Any
 from hvd_overlap.core.plan import ALLREDUCE, BACKWARD, EXCHANGES, FORWARD, Plan
 from hvd_overlap.core.sim.cluster import Cluster
 from hvd_overlap.core.sim.events import Request, Task
-from hvd_overlap.core.sim.plans import _COST_CHOICE, STRATEGIES, StepBucket, buckets_of, plan_of
+from hvd_overlap.core.sim.plans import StepBucket, buckets_of, plan_of, strategy_of
 from hvd_overlap.core.sim.profile import Layer, Profile
+from hvd_overlap.core.strategy import Strategy
 
 
 @dataclass
@@ -273,12 +274,12 @@ FAMILIES: dict[str, Callable[[_Step, Sequence[StepBucket]], None]] = {
     "exchange": exchange_step}
 
 
-def build_step(profile: Profile, strategy: str, cluster: Cluster,
+def build_step(profile: Profile, strategy: str | Strategy, cluster: Cluster,
                defer: int | None = None) -> tuple[list[Task], list[Request]]:
-    """The compute tasks and collectives of one steady-state step of ``strategy``."""
-    if strategy.removesuffix(_COST_CHOICE) not in STRATEGIES:
-        raise ValueError(f"strategy {strategy!r}: choose one of {', '.join(STRATEGIES)}")
-    plan = plan_of(profile, strategy, cluster.bucket_bytes, defer, cluster.ranks)
+    """The compute tasks and collectives of one steady-state step of ``strategy``'s plan (a
+    name: built with the cluster's bucket size and ``defer``, ``sim.plans.strategy_of``)."""
+    chosen = strategy_of(strategy, cluster.bucket_bytes, defer)
+    plan = plan_of(profile, chosen, ranks=cluster.ranks)
     return step_of(profile, buckets_of(profile, plan=plan), cluster, plan_family(plan))
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from hvd_overlap.comm.methods import CommSettings, GradientMethod, SliceMethod
 from hvd_overlap.comm.planner import Planner
-from hvd_overlap.core.strategies import Strategy
+from hvd_overlap.core.strategy import Strategy
 from hvd_overlap.keras.executors.accumulating import AccumulatingExecutor
 from hvd_overlap.keras.executors.base import Executor, Plain
 from hvd_overlap.keras.executors.deferring import DeferringExecutor

@@ -5,15 +5,18 @@ and (``usable_pool``) those whose gradients or state the training loop could see
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
+from hvd_overlap.comm import collectives
 from hvd_overlap.core import autoplan
-from hvd_overlap.core.autoplan import Candidate
+from hvd_overlap.core.choice import Auto, StockHorovod
 from hvd_overlap.core.exchange import AUTO
-from hvd_overlap.core.plan import VarSpec
+from hvd_overlap.core.plan import DEFAULT_BUCKET_BYTES, VarSpec
+from hvd_overlap.core.strategy import Strategy
 from hvd_overlap.keras.executors.step_state import TrainLoop
 
 
@@ -42,11 +45,11 @@ def can_shard(optimizer: Any) -> bool:
     return True
 
 
-def auto_choices(optimizer: Any, strategy: str, bucket_bytes: int | str, defer: int | str | None
-                 ) -> tuple[Candidate, Callable[[autoplan.Profile], list[Candidate]], str]:
+def auto_choices(optimizer: Any, chosen: Strategy
+                 ) -> tuple[Strategy, Callable[[autoplan.Profile], list[Strategy]], str]:
     """(the probe, the pool of candidates for a profile, a label) of an ``"auto"`` setting:
 
-    - ``strategy="auto"``: probe stock Horovod's fusion; pool every whole-state plan
+    - ``Auto()``: probe stock Horovod's fusion; pool every whole-state plan
       (``autoplan.WHOLE_STATE``; without the deferring ones if the optimizer cannot defer)
       and, where the optimizer can be sharded, every sharded one, with the dense factor
       exchange where the profile has dense layers (``AutoExecutor`` gives them only where
@@ -56,34 +59,40 @@ def auto_choices(optimizer: Any, strategy: str, bucket_bytes: int | str, defer: 
       ``sharded`` (the user asked for sharding) pools the sharded family, ``sharded_hybrid``
       too where the optimizer can defer;
     - ``defer="auto"`` (``hybrid``, ``sharded_hybrid``): every split at the given bucket size.
-    """
-    from hvd_overlap.core.plan import DEFAULT_BUCKET_BYTES
 
-    if strategy == AUTO:
+    Every candidate keeps the user's other settings (``ordered``, ``gather_with``, a fixed
+    ``defer``)."""
+    if isinstance(chosen, Auto):
         names = autoplan.WHOLE_STATE if can_defer(optimizer) else ("horovod", "layerwise")
         if can_shard(optimizer):
             names += ("sharded",) + (("sharded_hybrid",)
                                      if can_defer(optimizer, "sharded_hybrid") else ())
-        return (Candidate("horovod"),
+        return (StockHorovod(),
                 lambda prof: autoplan.candidates(prof, strategies=names, exchange=True), "auto")
-    fixed_defer = defer if isinstance(defer, int) else None
-    if bucket_bytes == AUTO:
-        family: tuple[str, ...] = (strategy,)
-        if strategy == "sharded" and can_defer(optimizer, "sharded_hybrid"):
+    own = chosen.settings()
+    fixed = {k: v for k, v in own.items() if k not in ("bucket_bytes", "defer")
+             or (k == "defer" and isinstance(v, int))}
+
+    def keeping(c: Strategy) -> Strategy:
+        """``c`` with the user's fixed settings (those its class has)."""
+        return replace(c, **{k: v for k, v in fixed.items() if k in c.settings()})
+
+    probe = replace(chosen, **{k: v for k, v in (("bucket_bytes", DEFAULT_BUCKET_BYTES),
+                                                 ("defer", None))
+                              if own.get(k, 0) == AUTO})
+    if own["bucket_bytes"] == AUTO:
+        family: tuple[str, ...] = (chosen.name,)
+        if chosen.name == "sharded" and can_defer(optimizer, "sharded_hybrid"):
             family = autoplan.SHARDED
 
-        def pool(prof: autoplan.Profile) -> list[Candidate]:
+        def pool(prof: autoplan.Profile) -> list[Strategy]:
             got = autoplan.candidates(prof, strategies=family)
-            if fixed_defer is None:
-                return got
-            return list(dict.fromkeys(Candidate(strategy, c.bucket_bytes, fixed_defer)
-                                      for c in got))
-        return (Candidate(strategy, DEFAULT_BUCKET_BYTES, fixed_defer), pool,
-                f"{strategy} (bucket_bytes='auto')")
-    size = int(bucket_bytes)
-    return (Candidate(strategy, size, None),
-            lambda prof: autoplan.candidates(prof, bucket_sizes=(size,), strategies=(strategy,)),
-            f"{strategy} (defer='auto')")
+            return list(dict.fromkeys(keeping(c) for c in got))
+        return probe, pool, f"{chosen.name} (bucket_bytes='auto')"
+    size = int(own["bucket_bytes"])
+    return (probe, lambda prof: [keeping(c) for c in autoplan.candidates(
+        prof, bucket_sizes=(size,), strategies=(chosen.name,))],
+            f"{chosen.name} (defer='auto')")
 
 
 def shard_blocker(loop: TrainLoop, local_refs: set) -> str | None:
@@ -108,16 +117,16 @@ def exchange_blocker(loop: TrainLoop, settings: Any, local_refs: set) -> str | N
     return shard_blocker(loop, local_refs)
 
 
-def usable_pool(pool: Iterable[Candidate], loop: TrainLoop, settings: Any, local_refs: set
-                ) -> tuple[list[Candidate], list[str]]:
+def usable_pool(pool: Iterable[Strategy], loop: TrainLoop, settings: Any, local_refs: set
+                ) -> tuple[list[Strategy], list[str]]:
     """The candidates this run can take, and what was left out and why (said in the plan)."""
     pool = list(pool)
-    if not any(c.strategy in autoplan.SHARDED for c in pool):
+    if not any(c.shards for c in pool):
         return pool, []
     blocked = shard_blocker(loop, local_refs)
     if blocked is not None:
-        return [c for c in pool if c.strategy not in autoplan.SHARDED], [blocked]
-    if any(c.exchange for c in pool):
+        return [c for c in pool if not c.shards], [blocked]
+    if any(c.exchanges for c in pool):
         return pool, []
     return pool, [exchange_blocker(loop, settings, local_refs)
                   or "the exchange: no dense layer it can carry"]
@@ -130,8 +139,8 @@ def dense_batches(layers: Sequence[Any], specs: Sequence[VarSpec], name: str) ->
     built = [x for x in layers if x.kernel is not None]
     if not built:
         return {}
-    seen = hvd.allreduce(tf.stack([x.batch.read_value() for x in built]), op=hvd.Max,
-                         name=name, ignore_name_scope=True)
+    seen = collectives.allreduce(tf.stack([x.batch.read_value() for x in built]), name,
+                                 op=hvd.Max)
     names = {v.name for v in specs}
     return {x.kernel.name: int(b) for x, b in zip(built, seen.numpy(), strict=True)
             if b > 0 and x.kernel.name in names}

@@ -136,8 +136,9 @@ class Executor:
 
     # -- the cross-iteration phase (a no-op for modes that defer nothing) -----------------------
 
-    def pre_forward(self) -> None:
-        """Start of a train step: bring in what the previous step deferred."""
+    def pre_forward(self, landing: bool = False) -> None:
+        """Start of a train step: bring in what the previous step deferred. ``landing``: the
+        step's end, in a step after which the weights may be read (``StepKind.LAND``)."""
 
     def flush(self) -> None:
         """Apply any pending update now (eager, every rank)."""

@@ -96,8 +96,7 @@ class DeferringExecutor(NextStepExecutor):
         for hyper, kept in self.step_hypers:
             kept.assign(hyper.read_value())
 
-    def pre_forward(self) -> None:
-        self.phase.mark()
+    def pre_forward(self, landing: bool = False) -> None:
         if self.phase.stage is Stage.UNPLANNED:
             return  # nothing traced yet, so nothing can be pending in this graph
         # only buckets with a buffered gradient: one whose variables all lack a gradient has

@@ -11,23 +11,22 @@ again, to ``Stage.STEADY`` (``take_retrace``).
 from __future__ import annotations
 
 import warnings
-import weakref
 from collections.abc import Callable
 from typing import Any
 
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
-from hvd_overlap.adapters import keras_api
 from hvd_overlap.core import mutants
 from hvd_overlap.core.plan import Plan
 from hvd_overlap.keras.executors.base import Executor
-from hvd_overlap.keras.executors.step_state import Stage
+from hvd_overlap.keras.executors.step_state import Stage, current_step
 from hvd_overlap.keras.state_scope import plugin_state
 
 
 class ForwardPhase:
-    """Which graphs run the pre-forward phase, the pending flag, and the stage (``Stage``)."""
+    """Whether the step being traced runs the pre-forward phase, the pending flag, and the
+    stage (``Stage``)."""
 
     def __init__(self, strategy: str) -> None:
         self.strategy = strategy
@@ -35,21 +34,13 @@ class ForwardPhase:
         self.stage = Stage.UNPLANNED
         self._warned = False
         self._flush_fn: Callable[[], object] | None = None
-        self._graphs: weakref.WeakSet = weakref.WeakSet()
 
-    def mark(self) -> bool:
-        """Record that the graph being built (or eager) runs the pre-forward phase. True if
-        that graph (a ``tf.function``'s) had run it already: its second call, at the step's
-        end (a landing step)."""
-        graph = tf.compat.v1.get_default_graph()
-        again = tf.inside_function() and graph in self._graphs
-        self._graphs.add(graph)
-        return again
-
-    def installed(self) -> bool:
-        """True if the graph being built, or one it is nested in (a ``tf.cond`` branch, as the
-        loss-scale optimizer's), runs the pre-forward phase."""
-        return any(graph in self._graphs for graph in keras_api.enclosing_graphs())
+    @staticmethod
+    def installed() -> bool:
+        """True if a train step's body made by the plugin runs now (``step_context``: its
+        pre-forward phase is installed), whatever graph -- a ``tf.cond`` branch, as the
+        loss-scale optimizer's -- is being built in it."""
+        return current_step() is not None
 
     def can_defer(self) -> bool:
         """True if this step may leave updates for the next one: its graph runs the
@@ -111,12 +102,12 @@ class ForwardPhase:
         """Trace the flush function again at its next use (what it gathers changed)."""
         self._flush_fn = None
 
-    def flush(self, pre_forward: Callable[[], None]) -> None:
+    def flush(self, land: Callable[[], None]) -> None:
         """Run the pre-forward phase now if something is pending, as a graph (the same kernels
         as in the train step, so the same bits)."""
         if self.is_pending():
             if self._flush_fn is None:
-                self._flush_fn = tf.function(pre_forward)
+                self._flush_fn = tf.function(land)
             self._flush_fn()
 
 
@@ -132,7 +123,7 @@ class NextStepExecutor(Executor):
         self.plan: Plan | None = None
 
     def flush(self) -> None:
-        self.phase.flush(self.pre_forward)
+        self.phase.flush(lambda: self.pre_forward(landing=True))
 
     def take_retrace(self) -> bool:
         return self.phase.take_retrace()

@@ -11,7 +11,7 @@ import tensorflow as tf
 from hvd_overlap.keras.executors.base import Executor
 from hvd_overlap.keras.executors.sharded import ShardedExecutor
 from hvd_overlap.keras.mirrored_state import MirroredState
-from hvd_overlap.keras.sharded_state import stale_state_error
+from hvd_overlap.keras.sharded_slots import stale_state_error
 
 
 class MirroredShardedExecutor(ShardedExecutor):

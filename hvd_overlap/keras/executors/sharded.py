@@ -26,7 +26,8 @@ from hvd_overlap.core.sharding import BucketSlices, ShardLayout, partition
 from hvd_overlap.keras.exchange_choice import DenseExchanges
 from hvd_overlap.keras.executors.forward_phase import NextStepExecutor
 from hvd_overlap.keras.executors.step_state import Gradients, Stage, TrainLoop
-from hvd_overlap.keras.sharded_state import ShardedState, plain_order, stale_state_error
+from hvd_overlap.keras.sharded_slots import plain_order, stale_state_error
+from hvd_overlap.keras.sharded_state import ShardedState
 
 
 class ShardedExecutor(NextStepExecutor):
@@ -37,9 +38,8 @@ class ShardedExecutor(NextStepExecutor):
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.state = self.state_class(self.settings.name, self.opt, self.plain.cls)
-        options = self.planner.options
-        self.exchange = DenseExchanges(options.exchange, self.settings, self.phase.installed,
-                                       options.exchange_forward)
+        layers, forward = self.planner.strategy.exchange_modes()
+        self.exchange = DenseExchanges(layers, self.settings, self.phase.installed, forward)
 
     def set_method(self, method: Any) -> None:
         """As any executor's, checked by the exchange first (``check_method``)."""
@@ -169,10 +169,10 @@ class ShardedExecutor(NextStepExecutor):
     def checking(self) -> bool:
         return not self.settled
 
-    def pre_forward(self) -> None:
-        """The deferred gathers, at the start of a train step; called again at its end (a
-        landing step: ``OverlapCallback``'s checkpoint points), every gather left."""
-        self._issue_gathers(landing=self.phase.mark())
+    def pre_forward(self, landing: bool = False) -> None:
+        """The deferred gathers, at the start of a train step; ``landing``: at the end of a
+        landing step (``OverlapCallback``'s checkpoint points), every gather left."""
+        self._issue_gathers(landing)
 
     def _issue_gathers(self, landing: bool) -> None:
         if self.phase.stage is Stage.UNPLANNED:

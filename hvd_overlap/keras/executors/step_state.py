@@ -11,13 +11,18 @@ function lands its own deferred part) is held here, one value per question:
   step traced without deferring (the train function must be traced again), or steady.
 - :class:`StepKind`: what a ``model.fit`` train function does at its end -- leave the deferred
   part for the next step, or land it (a step after which the weights may be read).
+- :class:`StepContext`: one run of a train step's body, entered by that body
+  (``step_context``) with the kind of the function built for it (``StepFunction``): its
+  presence is what makes a traced graph a train step with the pre-forward phase.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 
 class Gradients(enum.Enum):
@@ -88,3 +93,83 @@ class TrainLoop(enum.Enum):
     KERAS_FIT = "model.fit with Keras's own train_step"
     OWN_TRAIN_STEP = "model.fit with a train_step of the model's own"
     CUSTOM = "a custom loop (make_train_step)"
+
+
+class StepContext:
+    """One run of a train step's body (TensorFlow runs it when it traces the step): its kind,
+    fixed by the function built for it, and the exchanged layers' records of this step (each
+    call's number, for its collectives' names; the input gradients they send back)."""
+
+    def __init__(self, kind: StepKind) -> None:
+        self.kind = kind
+        self._calls: dict[int, int] = {}
+        self._sent_back: dict[int, list[Any]] = {}
+
+    def next_call(self, owner: object) -> int:
+        """Number ``owner``'s next call in this step (0 first)."""
+        n = self._calls.get(id(owner), 0)
+        self._calls[id(owner)] = n + 1
+        return n
+
+    def calls(self, owner: object) -> int:
+        """``owner``'s calls in this step so far."""
+        return self._calls.get(id(owner), 0)
+
+    def send_back(self, owner: object, gradient: Any) -> None:
+        """``owner`` sent an input gradient back to its batch's rank in this step."""
+        self._sent_back.setdefault(id(owner), []).append(gradient)
+
+    def sent_back(self, owner: object) -> list[Any]:
+        """The input gradients ``owner`` sent back in this step."""
+        return list(self._sent_back.get(id(owner), []))
+
+
+_local = threading.local()  # (TensorFlow traces a function in the thread that calls it)
+
+
+def _stack(name: str) -> list:
+    if not hasattr(_local, name):
+        setattr(_local, name, [])
+    return getattr(_local, name)
+
+
+@contextmanager
+def step_context(kind: StepKind) -> Iterator[StepContext]:
+    """Run a train step's body as a step of ``kind`` (its pre-forward phase is installed)."""
+    ctx = StepContext(kind)
+    _stack("steps").append(ctx)
+    try:
+        yield ctx
+    finally:
+        _stack("steps").pop()
+
+
+def current_step() -> StepContext | None:
+    """The train step whose body runs now, or None (no step made by the plugin runs)."""
+    steps = _stack("steps")
+    return steps[-1] if steps else None
+
+
+def function_kind() -> StepKind:
+    """The kind of the train function being called (``StepFunction``); ``DEFER`` otherwise."""
+    kinds = _stack("kinds")
+    return kinds[-1] if kinds else StepKind.DEFER
+
+
+class StepFunction:
+    """A train function built for one ``StepKind``: each call -- so each trace TensorFlow
+    makes of it -- runs with that kind (``function_kind``). Other attributes are the
+    function's."""
+
+    def __init__(self, fn: Callable[..., Any], kind: StepKind) -> None:
+        self.fn, self.kind = fn, kind
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        _stack("kinds").append(self.kind)
+        try:
+            return self.fn(*args, **kwargs)
+        finally:
+            _stack("kinds").pop()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.fn, name)

@@ -1,0 +1,125 @@
+"""``auto``'s decisions without TensorFlow (``hvd_overlap.core.chooser``): synthetic step
+times in, the plan to run next out."""
+
+from __future__ import annotations
+
+import math
+
+from hvd_overlap.core.choice import Hybrid, Layerwise, StockHorovod
+from hvd_overlap.core.chooser import Chooser
+from hvd_overlap.core.strategy import Strategy
+from hvd_overlap.core.trial import TrialClock
+
+PROBE, A, B = StockHorovod(), Hybrid(bucket_bytes=1 << 20, defer=2), Layerwise(bucket_bytes=1 << 20)
+
+
+class Run:
+    """One rank's chooser, trials one step long, its switches recorded."""
+
+    def __init__(self, times: dict[Strategy, list[float]], agree=lambda v: v,
+                 trials=(A, B), clear_gain: float = 0.25):
+        self.times = {k: list(v) for k, v in times.items()}
+        self.switches: list[Strategy] = []
+        self.said: list[str] = []
+        self.chooser = Chooser(PROBE, "auto", TrialClock(1, agree), self._perform,
+                               lambda probe_s: list(trials), self.said.append,
+                               clear_gain=clear_gain)
+
+    def _perform(self, plan: Strategy) -> bool:
+        self.switches.append(plan)
+        return True
+
+    def step(self) -> None:
+        t = self.times[self.chooser.current]
+        self.chooser.observe(t.pop(0) if len(t) > 1 else t[0])
+
+    def until_settled(self, limit: int = 20) -> Chooser:
+        for _ in range(limit):
+            if self.chooser.settled:
+                break
+            self.step()
+        return self.chooser
+
+
+def test_a_tie_keeps_the_probe():
+    c = Run({PROBE: [0.1], A: [0.1], B: [0.1]})
+    chooser = c.until_settled()
+    assert chooser.current == PROBE and c.switches == [A, B, PROBE]
+    assert chooser.confirming is None and chooser.choices[-1]["chosen"] == PROBE.describe()
+
+
+def test_a_clear_gain_ends_the_check_at_once():
+    c = Run({PROBE: [0.1], A: [0.07], B: [0.1]})
+    chooser = c.until_settled()
+    assert chooser.current == A and c.switches == [A] and "no further trial" in chooser.reason
+
+
+def test_a_gain_under_the_clear_one_is_confirmed_then_kept():
+    c = Run({PROBE: [0.1], A: [0.09], B: [0.1]})
+    chooser = c.until_settled()
+    assert chooser.current == A and c.switches == [A, B, PROBE, A]
+    assert chooser.confirmed == {PROBE: 0.1, A: 0.09} and "confirmed" in chooser.reason
+
+
+def test_a_choice_not_confirmed_falls_back_to_the_probe():
+    c = Run({PROBE: [0.1], A: [0.09, 0.1], B: [0.1]})
+    chooser = c.until_settled()
+    assert chooser.current == PROBE and c.switches == [A, B, PROBE, A, PROBE]
+    assert "not in its second" in chooser.reason
+
+
+def test_nothing_to_measure_settles_on_the_probe():
+    c = Run({PROBE: [0.1]}, trials=())
+    chooser = c.until_settled()
+    assert chooser.settled and chooser.current == PROBE and c.switches == []
+
+
+def test_every_rank_decides_alike_given_agreed_timings():
+    """Two ranks time different steps; the clock's agreement (the mean over the ranks) is
+    what each decides on, so both switch at the same steps to the same plans."""
+    local = [{PROBE: [0.12], A: [0.08, 0.11], B: [0.1]}, {PROBE: [0.08], A: [0.1, 0.09], B: [0.1]}]
+    pending: list[list[float]] = [[], []]
+
+    def agree_for(rank: int):
+        def agree(values: list[float]) -> list[float]:
+            pending[rank] = values
+            other = pending[1 - rank]
+            return [values[0] + other[0], values[1] + other[1]]
+        return agree
+    runs = [Run(local[r], agree_for(r), clear_gain=1.0) for r in range(2)]
+    for _ in range(20):
+        if runs[0].chooser.settled:
+            break
+        # both ranks' medians are in before either agrees: rank 1 first, then both decide
+        for r in (1, 0):
+            t = runs[r].times[runs[r].chooser.current]
+            pending[r] = [t[0], 1.0]
+        for r in (0, 1):
+            runs[r].step()
+    assert runs[0].switches == runs[1].switches and runs[0].chooser.current == \
+        runs[1].chooser.current
+    assert runs[0].chooser.measured == runs[1].chooser.measured
+
+
+def test_reconsider_runs_the_check_again_from_the_probe():
+    c = Run({PROBE: [0.1], A: [0.07], B: [0.1]})
+    chooser = c.until_settled()
+    assert chooser.current == A
+    chooser.reconsider("growth", batch_factor=2.0)
+    assert not chooser.settled and chooser.current == PROBE and chooser.measured == {}
+    assert c.said[-1] == "auto: growth: choosing the plan again"
+    chooser = c.until_settled()
+    assert chooser.current == A and [ch["why"] for ch in chooser.choices] == ["start", "growth"]
+
+
+def test_a_short_batch_without_a_model_keeps_the_plan():
+    c = Run({PROBE: [0.1], A: [0.07], B: [0.1]})
+    chooser = c.until_settled()
+    chooser.reconsider("growth", batch_factor=2.0, horizon_steps=5)
+    assert chooser.settled and chooser.current == A and "nothing to predict" in chooser.reason
+
+
+def test_an_untimed_trial_counts_as_the_slowest():
+    c = Run({PROBE: [0.1], A: [math.inf], B: [0.1]})
+    chooser = c.until_settled()
+    assert chooser.current == PROBE and chooser.measured[A] == math.inf

@@ -78,6 +78,19 @@ def test_no_module_is_longer_than_a_reader_can_hold(path):
     assert lines <= MAX_LINES, f"{path.relative_to(ROOT)}: {lines} lines (split it)"
 
 
+@pytest.mark.parametrize("path", sorted((ROOT / "core").rglob("*.py")),
+                         ids=lambda p: str(p.relative_to(ROOT)))
+def test_core_imports_no_tensorflow_horovod_or_keras(path):
+    """``core`` is pure Python, at any depth of its modules (the simulator and ``auto``'s
+    chooser run without TensorFlow; ``test_optimizer_local`` imports them in a clean process)."""
+    heavy = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+            [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
+        heavy |= {n for n in names if n.split(".")[0] in ("tensorflow", "horovod", "keras")}
+    assert not heavy, f"{path.relative_to(ROOT)} imports {sorted(heavy)}"
+
+
 def test_the_check_sees_an_upward_import(tmp_path):
     """The rule can fail: a ``comm`` module importing ``hvd_overlap.keras`` lazily is caught."""
     bad = tmp_path / "comm" / "probe.py"

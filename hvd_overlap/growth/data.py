@@ -31,6 +31,7 @@ import numpy as np
 import tensorflow as tf
 
 from hvd_overlap.adapters import keras_api
+from hvd_overlap.comm.accumulation import GradientSums
 from hvd_overlap.growth.callback import BatchSizeScheduler
 
 __all__ = ["GradientAccumulation", "ShardedDataset", "enable_gradient_accumulation",
@@ -120,6 +121,9 @@ class GradientAccumulation:
     def __init__(self, model: tf.keras.Model):
         self._model = model
         self._steps = 1
+        #: the micro-batch sums (the accumulator ``backward_passes_per_step`` uses too)
+        self.sums = GradientSums(prefix="hvd_overlap_micro_acc_",
+                                 count_name="hvd_overlap_micro_batches")
 
     @property
     def steps(self) -> int:
@@ -138,7 +142,9 @@ def _accumulating_train_step(self: tf.keras.Model, data: Any) -> dict[str, Any]:
     """``train_step`` over ``steps`` equal micro-batches, one optimizer update (and collective).
 
     The micro-batches run one after the other (each forward waits for the previous gradients,
-    so only one micro-batch's activations are alive). The averaged local gradient is handed to
+    so only one micro-batch's activations are alive); their gradients are summed in the
+    handle's :class:`~hvd_overlap.comm.accumulation.GradientSums` (``backward_passes_per_step``'s
+    accumulator), read averaged and reset within the step. The averaged local gradient is handed to
     ``optimizer.minimize`` as the gradient of a surrogate loss ``sum(stop_gradient(g) * w)``:
     its gradient is exactly ``g``, and any Horovod wrapper (stock Horovod reduces in
     ``compute_gradients``, hvd-overlap in ``apply_gradients``) sees the usual call sequence.
@@ -150,7 +156,8 @@ def _accumulating_train_step(self: tf.keras.Model, data: Any) -> dict[str, Any]:
     tf.debugging.assert_equal(micro * steps, n, message=(
         "per-rank batch is not a multiple of the accumulation steps"))
     variables = self.trainable_variables
-    sums: list[tf.Tensor | None] = [None] * len(variables)
+    acc = self._hvdo_accumulation.sums
+    sums: list[tf.Variable | None] = []
     deps: list[tf.Tensor] = []
     for i in range(steps):
         def part(t, i=i):
@@ -162,13 +169,12 @@ def _accumulating_train_step(self: tf.keras.Model, data: Any) -> dict[str, Any]:
                 loss = self.compute_loss(xs, ys, y_pred, ws)
             grads = tape.gradient(loss, variables)
             self.compute_metrics(xs, ys, y_pred, ws)
-        for j, g in enumerate(grads):
-            if g is not None:
-                g = tf.convert_to_tensor(g)
-                sums[j] = g if sums[j] is None else sums[j] + g
-        deps = [s for s in sums if s is not None]
-    used = [(s / tf.cast(steps, s.dtype), v) for s, v in zip(sums, variables, strict=True)
-            if s is not None]
+        # IndexedSlices always densified: the optimizer sees the average as one dense gradient
+        _, sums, count = acc.add(grads, variables, sparse_as_dense=True)
+        deps = [count]
+    averaged = acc.read(sums, steps)
+    acc.reset(sums, after=averaged)  # zero for the next step, once read
+    used = [(g, v) for g, v in zip(averaged, variables, strict=True) if g is not None]
     with tf.GradientTape() as tape:
         surrogate = tf.add_n([tf.reduce_sum(tf.stop_gradient(g) * tf.cast(v, g.dtype))
                               for g, v in used])

@@ -35,12 +35,12 @@ import tensorflow as tf
 
 from hvd_overlap.adapters import keras_api
 from hvd_overlap.comm import collectives
+from hvd_overlap.comm.state_scope import plugin_state
 from hvd_overlap.core import mutants
 from hvd_overlap.core.exchange import (
     row_sizes,
 )
 from hvd_overlap.keras.executors.step_state import current_step
-from hvd_overlap.keras.state_scope import plugin_state
 
 
 def exchangeable_layers(model: Any) -> list[tf.keras.layers.Dense]:

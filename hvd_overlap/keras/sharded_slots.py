@@ -11,8 +11,8 @@ import numpy as np
 import tensorflow as tf
 
 from hvd_overlap.adapters import keras_api
+from hvd_overlap.comm.state_scope import plugin_state
 from hvd_overlap.core.sharding import ShardLayout, own_slice
-from hvd_overlap.keras.state_scope import plugin_state
 
 
 def build_slice_slots(opt, params: dict[int, tf.Variable],

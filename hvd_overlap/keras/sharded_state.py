@@ -26,6 +26,7 @@ import tensorflow as tf
 
 from hvd_overlap.adapters import keras_api
 from hvd_overlap.comm import collectives
+from hvd_overlap.comm.state_scope import plugin_state
 from hvd_overlap.core import mutants
 from hvd_overlap.core.sharding import ShardLayout, join_slices, own_slice
 from hvd_overlap.keras.sharded_slots import (
@@ -35,7 +36,6 @@ from hvd_overlap.keras.sharded_slots import (
     release_slots,
     stale_state_error,
 )
-from hvd_overlap.keras.state_scope import plugin_state
 
 #: dtypes a checkpoint keeps slot state in (one flat array each); fixed so restores can name them
 _STATE_DTYPES = ("float16", "float32", "float64")

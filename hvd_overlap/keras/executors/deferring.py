@@ -16,10 +16,10 @@ import tensorflow as tf
 from hvd_overlap.adapters import keras_api
 from hvd_overlap.comm.methods import Grad
 from hvd_overlap.comm.schedule import issue_backward, issue_forward
+from hvd_overlap.comm.state_scope import plugin_state
 from hvd_overlap.core.plan import BACKWARD, FORWARD, Plan
 from hvd_overlap.keras.executors.forward_phase import NextStepExecutor
 from hvd_overlap.keras.executors.step_state import Gradients, Stage
-from hvd_overlap.keras.state_scope import plugin_state
 
 
 class DeferringExecutor(NextStepExecutor):

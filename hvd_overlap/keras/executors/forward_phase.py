@@ -17,11 +17,11 @@ from typing import Any
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
+from hvd_overlap.comm.state_scope import plugin_state
 from hvd_overlap.core import mutants
 from hvd_overlap.core.plan import Plan
 from hvd_overlap.keras.executors.base import Executor
 from hvd_overlap.keras.executors.step_state import Stage, current_step
-from hvd_overlap.keras.state_scope import plugin_state
 
 
 class ForwardPhase:

@@ -17,13 +17,13 @@ class Run:
     """One rank's chooser, trials one step long, its switches recorded."""
 
     def __init__(self, times: dict[Strategy, list[float]], agree=lambda v: v,
-                 trials=(A, B), clear_gain: float = 0.25):
+                 trials=(A, B), clear_gain: float | None = 0.25, **shape):
         self.times = {k: list(v) for k, v in times.items()}
         self.switches: list[Strategy] = []
         self.said: list[str] = []
         self.chooser = Chooser(PROBE, "auto", TrialClock(1, agree), self._perform,
                                lambda probe_s: list(trials), self.said.append,
-                               clear_gain=clear_gain)
+                               clear_gain=clear_gain, **shape)
 
     def _perform(self, plan: Strategy) -> bool:
         self.switches.append(plan)
@@ -123,3 +123,31 @@ def test_an_untimed_trial_counts_as_the_slowest():
     c = Run({PROBE: [0.1], A: [math.inf], B: [0.1]})
     chooser = c.until_settled()
     assert chooser.current == PROBE and chooser.measured[A] == math.inf
+
+
+def exchange_style(times: dict[Strategy, list[float]], **shape) -> Run:
+    """The exchange's check (``core.trials.Trials``): one trial each, no second probe trial,
+    no confirmation, no early end, its own margin."""
+    return Run(times, trials=(A,), clear_gain=None, margin=0.05, probe_again=False,
+               confirm=False, **shape)
+
+
+def test_exchange_style_one_trial_each_and_a_big_gain_is_not_confirmed():
+    c = exchange_style({PROBE: [0.1], A: [0.05, 0.2]})
+    chooser = c.until_settled()
+    assert chooser.current == A and c.switches == [A] and chooser.settling_steps == 2
+    assert chooser.measured == {PROBE: 0.1, A: 0.05} and chooser.confirmed == {}
+
+
+def test_exchange_style_keeps_the_probe_inside_its_margin():
+    c = exchange_style({PROBE: [1.0], A: [0.96]})  # 4% faster: inside the 5% margin
+    chooser = c.until_settled()
+    assert chooser.current == PROBE and c.switches == [A, PROBE]
+    c = exchange_style({PROBE: [1.0], A: [0.95]})  # exactly the margin: the challenger wins
+    assert c.until_settled().current == A
+
+
+def test_exchange_style_forced_choice():
+    c = exchange_style({PROBE: [0.1], A: [0.2]}, forced=A)
+    chooser = c.until_settled()
+    assert chooser.current == A and c.switches == [A] and chooser.settling_steps == 2

@@ -1,8 +1,8 @@
-"""The online check between settings (``hvd_overlap.core.trial``), without ranks."""
+"""The online check between settings (``hvd_overlap.core.trials``), without ranks."""
 
 import math
 
-from hvd_overlap.core.trial import Trials
+from hvd_overlap.core.trials import Trials
 
 
 def _run(trials: Trials, times: dict[str, float], steps: int) -> list[tuple[int, str]]:

@@ -108,13 +108,20 @@ class Allreduce(GradientMethod):
 
 class StockHorovod(GradientMethod):
     """Exactly ``horovod.tensorflow.keras.DistributedOptimizer``'s gradient function: one
-    allreduce per gradient, fused by Horovod each cycle (``groups`` as Horovod's)."""
+    allreduce per gradient, fused by Horovod each cycle (``groups`` as Horovod's).
+
+    Made as stock makes it, eagerly (``hvd.DistributedOptimizer`` does so in ``__init__``):
+    Horovod then wraps it in a ``tf.function``, so the train step calls it as stock's does --
+    the same ops, conds and names -- instead of holding them inline (what a function made while
+    the step is traced would get)."""
 
     def _fn(self):
         s = self.settings
-        return keras_api.horovod_allreduce_grads_fn(  # the function stock Horovod uses
-            s.name, s.device_dense, s.device_sparse, s.compression, s.sparse_as_dense, s.op,
-            s.gradient_predivide_factor, s.groups, process_set=hvd.global_process_set)
+        with tf.init_scope():
+            return keras_api.horovod_allreduce_grads_fn(  # the function stock Horovod uses
+                s.name, s.device_dense, s.device_sparse, s.compression, s.sparse_as_dense,
+                s.op, s.gradient_predivide_factor, s.groups,
+                process_set=hvd.global_process_set)
 
     def reduce(self, bucket: Bucket, grads: Sequence[Grad],
                variables: Sequence[tf.Variable]) -> dict[int, Grad]:

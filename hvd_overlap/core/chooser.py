@@ -13,7 +13,10 @@ switches), settle, or choose again. The check itself (``hvd_overlap.keras.execut
    first by ``CLEAR_GAIN`` ends the check at once;
 4. a choice other than the probe is confirmed: the probe, then the choice, once more each.
 
-Every rank agrees on each trial's time (``TrialClock``), so every rank decides alike.
+Every rank agrees on each trial's time (``TrialClock``), so every rank decides alike. The
+exchange's check between the forward on the rows and the gather (``core.trials.Trials``) is
+this machine with one trial each: ``probe_again``, ``confirm`` off, no ``clear_gain``, its
+own ``margin``.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from hvd_overlap.core import autoplan
 from hvd_overlap.core.margin import keep_unless_faster
 from hvd_overlap.core.sim.run import StepResult
 from hvd_overlap.core.strategy import Strategy
-from hvd_overlap.core.trial import TrialClock
+from hvd_overlap.core.trial import MARGIN, TrialClock
 
 #: steps of a trial: room for a deferring plan's two traced steps and the step after them...
 WARM_STEPS = 3
@@ -53,11 +56,17 @@ class Chooser:
     def __init__(self, probe: Strategy, label: str, clock: TrialClock,
                  perform: Callable[[Strategy], bool], rank: Callable[[float], list[Strategy]],
                  say: Callable[[str], None], note: Callable[[str], None] = lambda _: None,
-                 clear_gain: float = CLEAR_GAIN, predicted_gain: float = PREDICTED_GAIN):
+                 clear_gain: float | None = CLEAR_GAIN, predicted_gain: float = PREDICTED_GAIN,
+                 margin: float = MARGIN, probe_again: bool = True, confirm: bool = True,
+                 forced: Strategy | None = None):
         self.probe = self.current = probe
         self.label, self.clock = label, clock
         self._perform, self._rank, self._say, self._note = perform, rank, say, note
-        self.clear_gain, self.predicted_gain = clear_gain, predicted_gain
+        self.clear_gain, self.predicted_gain = clear_gain, predicted_gain  # None: no early end
+        #: the check's shape: ``margin`` (a share of the probe, ``keep_unless_faster``) a trial
+        #: must beat; the probe's second trial after the others; the confirmation pair
+        self.margin, self.probe_again, self.confirm = margin, probe_again, confirm
+        self.forced = forced  # tests: keep this one whatever the timings
         self.choices: list[dict[str, Any]] = []  # every choice made, one per batch phase
         #: the last ranking's fitted profile, cluster and pool (what a prediction starts from)
         self.fitted: tuple[autoplan.Profile, Any, Sequence[Strategy]] | None = None
@@ -110,8 +119,9 @@ class Chooser:
                 return
             # the probe once more, last: its first trial ran in the process's first steps,
             # which stall more often than later ones; every plan compared is then a later one
-            self.queue = trials + [self.probe]
+            self.queue = trials + [self.probe] if self.probe_again else list(trials)
         elif self.confirming is None and self.current != self.probe \
+                and self.clear_gain is not None \
                 and not keep_unless_faster(step, self.first_probe_s, self.clear_gain):
             self.queue = []
             self.reason = (self.why(self.current) + f"; faster by {self.clear_gain:.0%} or "
@@ -122,9 +132,10 @@ class Chooser:
             self.switch(self.queue.pop(0))
             return
         if self.confirming is None:
-            best = autoplan.pick(self.measured, self.probe)
+            best = self.forced if self.forced is not None else \
+                autoplan.pick(self.measured, self.probe, self.margin)
             self.reason = self.why(best)
-            if best != self.probe:
+            if best != self.probe and self.confirm:
                 # the probe (running now) once more, then the choice: the same two, measured
                 # again side by side, decide; the choice's executor is the one that stays
                 self.confirming, self.queue = best, [best]
@@ -139,7 +150,8 @@ class Chooser:
         ``predicted_gain`` faster than the probe's ``probe_s``, one of each kind."""
         self.predicted = {c: r.step_s for c, r in ranked}
         self.predicted.setdefault(self.probe, probe_s)
-        worth = [(c, r) for c, r in ranked if r.step_s < probe_s * (1 - self.predicted_gain)]
+        worth = [(c, r) for c, r in ranked
+                 if not keep_unless_faster(r.step_s, probe_s, self.predicted_gain)]
         order = autoplan.trial_order(worth, self.probe)
         if not order:
             best, result = next(((c, r) for c, r in ranked if c != self.probe),
@@ -196,7 +208,8 @@ class Chooser:
     def second_pass(self) -> Strategy:
         """The first pass's choice if the second pass confirms it, else the probe."""
         best, probe = self.confirming, self.probe
-        again = autoplan.pick(self.confirmed, probe)
+        again = self.forced if self.forced is not None else \
+            autoplan.pick(self.confirmed, probe, self.margin)
         b, p = self.confirmed[best] * 1e3, self.confirmed[probe] * 1e3
         if again == best:
             self.reason += f"; confirmed: {b:.1f} vs {p:.1f} ms/step"

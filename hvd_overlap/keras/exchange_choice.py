@@ -28,7 +28,7 @@ from hvd_overlap.core.exchange import (
 )
 from hvd_overlap.core.plan import EXCHANGE, EXCHANGE_ROWS, EXCHANGES, Plan
 from hvd_overlap.core.sharding import ShardLayout
-from hvd_overlap.core.trial import Trials
+from hvd_overlap.core.trials import Trials
 from hvd_overlap.keras.exchange import ExchangedDense, exchangeable_layers
 
 

@@ -15,11 +15,9 @@ import warnings
 from dataclasses import replace
 
 import horovod.tensorflow as hvd
-import tensorflow as tf
 
 from hvd_overlap.adapters import keras_api
 from hvd_overlap.comm.methods import CommSettings, default_method
-from hvd_overlap.comm.methods import StockHorovod as StockHorovodMethod
 from hvd_overlap.comm.planner import Planner
 from hvd_overlap.core.choice import Auto, StockHorovod, Strategy, for_accumulation
 from hvd_overlap.core.spelling import KEYWORDS, NOT_PASSED, resolve
@@ -120,8 +118,6 @@ def DistributedOptimizer(  # noqa: N802 -- same name as Horovod's factory
         planner = Planner(c, hvd.size(), sparse_as_dense)
         method = default_method(sets, fused_by_horovod=isinstance(c, StockHorovod),
                                 shards=c.shards)
-        if isinstance(method, StockHorovodMethod):
-            method = _StockFunction(sets)
         return make_executor(c, wrapped, plain, planner, method, sets,
                              backward_passes_per_step, average_aggregated_gradients,
                              MirroredShardedExecutor if isinstance(chosen, Auto)
@@ -137,17 +133,6 @@ def DistributedOptimizer(  # noqa: N802 -- same name as Horovod's factory
     if entry is not None:  # sharded state: a checkpoint dependency, saved and restored with it
         keras_api.track_child(wrapped, entry, name="hvd_overlap_sharded_state")
     return wrapped
-
-
-class _StockFunction(StockHorovodMethod):
-    """Stock Horovod's gradient function made as stock makes it, eagerly (``hvd.Distributed
-    Optimizer`` does so in ``__init__``): Horovod then wraps it in a ``tf.function``, so the
-    train step calls it as stock's does -- the same ops, conds and names -- instead of
-    holding them inline (what a function made while the step is traced gets)."""
-
-    def _fn(self):
-        with tf.init_scope():
-            return super()._fn()
 
 
 def _accumulating_plan(chosen: Strategy, passes: int) -> Strategy:

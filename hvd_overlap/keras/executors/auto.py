@@ -45,7 +45,7 @@ from hvd_overlap.keras.executors.base import Executor, Plain
 from hvd_overlap.keras.executors.forward_phase import ForwardPhase
 from hvd_overlap.keras.executors.mirrored import MirroredShardedExecutor
 from hvd_overlap.keras.executors.sharded import ShardedExecutor
-from hvd_overlap.keras.executors.step_state import Gradients, TrainLoop
+from hvd_overlap.keras.executors.step_state import Gradients, TrainLoop, current_step, traced_steps
 
 
 class AutoExecutor(Executor):
@@ -65,8 +65,7 @@ class AutoExecutor(Executor):
         self.forced_trials: list[Strategy] | None = None  # tests: measure these instead
         self.log: list[str] = []
         self.model: Any = None
-        self.traces = 0
-        self._seen_traces = 0
+        self._seen_traces = traced_steps()  # step bodies run (traced) when last observed
         clock = TrialClock(WARM_STEPS + TRIAL_STEPS, self._agree,
                            skip_after_trace=SKIP_AFTER_TRACE)
         #: the decisions (TensorFlow-free): this executor feeds it and performs its switches
@@ -76,7 +75,7 @@ class AutoExecutor(Executor):
         self._switched = False
         self._decisions = 0
         self.switches = 0
-        self._marks = ForwardPhase("auto")  # which graphs run the pre-forward phase
+        self._unphased = ForwardPhase("auto")  # its warning: a step outside step_context
         self._specs: tuple[VarSpec, ...] | None = None  # what the last plan was built for
         self._unrun_plan: Plan | None = None  # the current plan before its first trace
         self.loop = TrainLoop.CUSTOM
@@ -155,15 +154,15 @@ class AutoExecutor(Executor):
     def _in_patched_step(self) -> bool:
         """For the patched layers: the graph being built is a train step (it runs the
         pre-forward phase) in which they take their own path (``_dense_path``)."""
-        return self._dense_path and self._marks.installed()
+        return self._dense_path and current_step() is not None
 
     def apply_gradients(self, grads: list[Grad], variables: list[tf.Variable],
                         args: tuple, kwargs: dict,
                         gradients: Gradients = Gradients.LOCAL) -> Any:
-        self.traces += 1  # Python runs here only while a train function is traced
         self._traced_dense_path = self._dense_path
-        if not self._marks.installed():
-            self._marks.warn_once(f"it cannot time its plans: it keeps {self.current.describe()}")
+        if current_step() is None:  # not a plugin-made step body: no pre-forward phase
+            self._unphased.warn_once(f"it cannot time its plans: it keeps "
+                                     f"{self.current.describe()}")
         return self.child().apply_gradients(grads, variables, args, kwargs,
                                             gradients=gradients)
 
@@ -238,7 +237,7 @@ class AutoExecutor(Executor):
         after every step, by ``OverlapCallback`` and ``make_train_step``."""
         if self.chooser.settled:
             return
-        traced, self._seen_traces = self.traces != self._seen_traces, self.traces
+        traced, self._seen_traces = traced_steps() != self._seen_traces, traced_steps()
         self.chooser.observe(seconds, usable, traced)
 
     @property

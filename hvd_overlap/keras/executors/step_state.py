@@ -133,15 +133,26 @@ def _stack(name: str) -> list:
     return getattr(_local, name)
 
 
+_opened = 0  # step contexts opened in this process: one per run of a step's body
+
+
 @contextmanager
 def step_context(kind: StepKind) -> Iterator[StepContext]:
     """Run a train step's body as a step of ``kind`` (its pre-forward phase is installed)."""
+    global _opened
+    _opened += 1
     ctx = StepContext(kind)
     _stack("steps").append(ctx)
     try:
         yield ctx
     finally:
         _stack("steps").pop()
+
+
+def traced_steps() -> int:
+    """How many train step bodies ran so far in this process (``step_context``): TensorFlow
+    runs one when it traces the step, so a change between two steps says one of them traced."""
+    return _opened
 
 
 def current_step() -> StepContext | None:

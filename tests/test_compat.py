@@ -98,21 +98,6 @@ def test_tf_and_keras_keep_the_graph_layer_and_trackable_internals():
     for name in ("_serialize_to_tensors", "_restore_from_tensors", "_trackable_children",
                  "_track_trackable"):
         assert hasattr(keras_api.Trackable, name), f"Trackable has no {name!r}: {RECHECK}"
-    seen = []
-
-    @tf.function
-    def outer():
-        return tf.cond(tf.constant(True), lambda: inner(), lambda: tf.constant(0))
-
-    def inner():
-        seen.append(list(keras_api.enclosing_graphs()))
-        return tf.constant(1)
-
-    outer()
-    graphs = seen[0]
-    assert len(graphs) >= 3, f"FuncGraph.outer_graph does not lead out of a tf.cond: {RECHECK}"
-    assert all(keras_api.outer_graph(g) is h for g, h in zip(graphs, graphs[1:], strict=False))
-    assert keras_api.outer_graph(graphs[-1]) is None
 
 
 def test_horovod_keeps_its_gradient_function():

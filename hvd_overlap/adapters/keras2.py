@@ -17,7 +17,7 @@ module refuses Keras 3 at once (``require_keras_2``), before any collective.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import horovod.tensorflow as hvd
@@ -221,20 +221,6 @@ def read_store(store: Any) -> list[Any]:
 
 
 # -- graphs and layers ----------------------------------------------------------------------------
-
-def outer_graph(graph: Any) -> Any:
-    """``FuncGraph.outer_graph``: the graph a ``tf.function`` or ``tf.cond`` branch is built
-    in (None for the outermost graph, which has no such attribute)."""
-    return getattr(graph, "outer_graph", None)
-
-
-def enclosing_graphs() -> Iterator[Any]:
-    """The graph being built, then each graph it is nested in, outwards."""
-    graph = tf.compat.v1.get_default_graph()
-    while graph is not None:
-        yield graph
-        graph = outer_graph(graph)
-
 
 def compute_dtype_object(layer: Any) -> tf.DType:
     """``Layer._compute_dtype_object``: the ``tf.DType`` Keras casts a layer's inputs to in

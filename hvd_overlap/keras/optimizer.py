@@ -107,7 +107,7 @@ def DistributedOptimizer(  # noqa: N802 -- same name as Horovod's factory
         device_sparse=device_sparse, ordered=comm.ordered, gather_with=comm.gather_with,
         scale_local_gradients=scale_local_gradients, groups=comm.groups,
     )
-    cls = distributed_class(type(optimizer), options)
+    cls = distributed_class(type(optimizer), options, DistributedOptimizer)
     wrapped = super(DistributedMixin, cls).from_config(optimizer.get_config())
     plain = plain_methods(wrapped)
 

@@ -5,6 +5,9 @@ named like the user's (so saved models restore without the plugin, as with Horov
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from hvd_overlap.adapters import keras_api
 from hvd_overlap.comm.methods import GradientMethod, SliceMethod
 from hvd_overlap.core import mutants
@@ -234,9 +237,7 @@ class DistributedMixin:
         the config describes (fresh state, as Keras's ``from_config`` gives)."""
         plain = keras_api.plain_optimizer_class(cls).from_config(
             config, custom_objects=custom_objects)
-        from hvd_overlap.keras.optimizer import DistributedOptimizer  # the factory makes this class
-
-        return DistributedOptimizer(plain, **cls._hvdo_options)
+        return cls._hvdo_factory(plain, **cls._hvdo_options)
 
     def _trackable_children(self, save_type="checkpoint", **kwargs):
         children = keras_api.parent_trackable_children(super(), save_type, **kwargs)
@@ -257,10 +258,11 @@ def plain_methods(opt) -> Plain:
                  cls=keras_api.plain_optimizer_class(type(opt)))
 
 
-def distributed_class(base: type, options: dict) -> type:
+def distributed_class(base: type, options: dict, factory: Callable[..., Any]) -> type:
     """The class of one wrapped optimizer: named like the user's (so saved configs restore the
-    plain class without the plugin, as with Horovod), remembering the wrapper's options so that
-    ``from_config`` (Keras's cloning) rebuilds a distributed optimizer like this one."""
+    plain class without the plugin, as with Horovod), remembering the wrapper's options and the
+    factory that made it, so that ``from_config`` (Keras's cloning) rebuilds a distributed
+    optimizer like this one."""
     return type(base.__name__, (DistributedMixin, base),
                 {"__module__": base.__module__, "__doc__": base.__doc__,
-                 "_hvdo_options": options})
+                 "_hvdo_options": options, "_hvdo_factory": staticmethod(factory)})

@@ -1,10 +1,10 @@
-"""``tf.keras`` must be Keras 2: the plugin refuses Keras 3 at once, naming the fix.
+"""The plugin runs on the Keras generation ``tf.keras`` is, through that generation's adapter
+(``hvd_overlap.adapters.keras2`` or ``keras3``), and refuses objects of the other generation,
+naming the fix.
 
-On TF >= 2.16, ``tf.keras`` is Keras 3 unless tf-keras is installed and ``TF_USE_LEGACY_KERAS=1``
-is set before TensorFlow is imported. The rule and the refusals are tested here on any stack by
-faking the versions; the real Keras 3 (a 2-rank launch without the variable, and a ``keras`` 3
-optimizer under legacy mode) only where it exists (the TF 2.18 stack, which ``scripts/test``
-also runs), skipped elsewhere.
+The rules are tested on any stack with faked versions; the real mix (tf-keras and Keras 3 both
+installed, on the TF 2.18 stack that ``scripts/test`` also runs) only where it exists, skipped
+elsewhere.
 """
 
 from __future__ import annotations
@@ -12,97 +12,69 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import types
 from pathlib import Path
 
 import pytest
 import tensorflow as tf
 
 import hvd_overlap.keras
-from hvd_overlap.adapters import keras_api
+from hvd_overlap.adapters import generation, keras2, keras_api
 
 JOB = Path(__file__).parent / "jobs" / "keras3_import.py"
-FIX = ("tf-keras==2.17.*", "export TF_USE_LEGACY_KERAS=1 before TensorFlow is imported")
-
-
-def _installed_keras_3() -> str | None:
-    """The version of an importable ``keras`` 3 package, or None."""
-    try:
-        out = subprocess.run([sys.executable, "-c", "import keras; print(keras.__version__)"],
-                             capture_output=True, text=True, timeout=120,
-                             env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
-    except subprocess.TimeoutExpired:
-        return None
-    version = out.stdout.strip().splitlines()[-1:] if out.returncode == 0 else []
-    return version[0] if version and version[0].startswith("3.") else None
-
-
 TF_MINOR = tuple(int(p) for p in tf.__version__.split(".")[:2])
-needs_keras_3 = pytest.mark.skipif(
-    TF_MINOR < (2, 16), reason=f"TensorFlow {tf.__version__}: tf.keras is Keras 2 and there is "
-    "no Keras 3 to refuse; scripts/test runs it on the TF 2.18 stack")
+needs_two_kerases = pytest.mark.skipif(
+    TF_MINOR < (2, 16), reason=f"TensorFlow {tf.__version__}: only Keras 2 exists here; "
+    "scripts/test runs it on the TF 2.18 stack (tf-keras and Keras 3 installed)")
 
 
-@pytest.fixture
-def keras_3(monkeypatch):
-    """Make this process look like TF 2.17 whose ``tf.keras`` is ``keras`` 3.6.0."""
-    monkeypatch.setattr(keras_api, "keras_behind_tf_keras", lambda: ("keras", "3.6.0"))
-    monkeypatch.setattr(tf, "__version__", "2.17.1")
+@pytest.mark.parametrize("version, expected", [("2.15.0", 2), ("2.18.0", 2), ("3.6.0", 3),
+                                               ("3.15.1", 3)])
+def test_the_generation_of_a_keras_version(version, expected):
+    assert generation.generation_of(version) == expected
 
 
-@pytest.mark.parametrize("tf_version, package, version", [
-    ("2.15.1", "keras", "2.15.0"), ("2.17.1", "tf_keras", "2.17.0"),
-    ("2.16.2", "tf_keras", "2.16.0")])
-def test_keras_2_behind_tf_keras_is_accepted(tf_version, package, version):
-    assert keras_api.keras_3_message(tf_version, package, version) is None
-
-
-def test_keras_3_behind_tf_keras_is_refused_with_the_fix():
-    message = keras_api.keras_3_message("2.17.1", "keras", "3.6.0")
-    assert message is not None
-    assert "keras 3.6.0 (Keras 3)" in message
-    for fix in FIX:
-        assert fix in message, message
-
-
-def test_the_installed_tf_keras_is_read_from_the_package_tf_keras_resolves_to():
-    package, version = keras_api.keras_behind_tf_keras()
-    assert package in ("keras", "tf_keras")
+def test_the_adapter_in_use_is_the_generation_tf_keras_is():
+    package, version = generation.keras_behind_tf_keras()
     assert version == sys.modules[package].__version__
-    keras_api.require_keras_2()  # this process runs the plugin: Keras 2
+    assert keras_api.GENERATION == generation.generation_of(version)
+    minor = ".".join(version.split(".")[:2])
+    assert minor in keras_api.KERAS_VERSIONS, (version, keras_api.KERAS_VERSIONS)
 
 
-def test_constructing_the_optimizer_under_keras_3_fails_before_anything_else(keras_3):
-    with pytest.raises(keras_api.KerasVersionError) as err:
-        hvd_overlap.keras.DistributedOptimizer(tf.keras.optimizers.SGD(0.1))
-    for fix in FIX:
-        assert fix in str(err.value)
+def _stand_in(monkeypatch, package: str, version: str, name: str = "Adam"):
+    """An object whose class comes from ``package`` (faked at ``version``)."""
+    monkeypatch.setattr(sys.modules[package] if package in sys.modules else
+                        pytest.importorskip(package), "__version__", version)
+    return type(name, (), {"__module__": f"{package}.src.optimizers.adam"})()
 
 
-def test_importing_the_plugin_under_keras_3_fails_at_once():
-    """A fresh process (Horovod imported first) whose package behind ``tf.keras`` then says
-    3.6.0 and TensorFlow 2.17.1: ``import hvd_overlap.keras`` raises, naming the fix."""
-    fake = ("import os, sys; os.environ['TF_CPP_MIN_LOG_LEVEL'] = '3'\n"
-            "import horovod.tensorflow, tensorflow as tf\n"  # Horovod reads the real version
-            "package = tf.keras.__name__.split('.')[0]\n"
-            "sys.modules[package].__version__ = '3.6.0'; tf.__version__ = '2.17.1'\n"
-            "import hvd_overlap.keras\n")
-    out = subprocess.run([sys.executable, "-c", fake], capture_output=True, text=True,
-                         timeout=180)
-    assert out.returncode != 0, out.stdout + out.stderr
-    assert "KerasVersionError" in out.stderr, out.stderr[-3000:]
-    for fix in FIX:
-        assert fix in out.stderr, out.stderr[-3000:]
+def test_a_keras_3_object_under_keras_2_is_refused_naming_both_fixes(monkeypatch):
+    adam = _stand_in(monkeypatch, "keras", "3.6.0")
+    message = generation.other_generation_message(adam, running=2)
+    assert message is not None
+    assert "Keras 3 object (keras 3.6.0)" in message
+    assert "tf.keras.optimizers.Adam" in message and "unset TF_USE_LEGACY_KERAS" in message
 
 
-def test_an_optimizer_of_a_keras_3_package_is_refused_naming_tf_keras(monkeypatch):
-    package = types.ModuleType("keras3_stand_in")
-    package.__version__ = "3.6.0"
-    monkeypatch.setitem(sys.modules, "keras3_stand_in", package)
-    adam = type("Adam", (), {"__module__": "keras3_stand_in.src.optimizers.adam"})
-    with pytest.raises(TypeError, match=r"Keras 3 optimizer .*tf\.keras\.optimizers\.Adam .*"
-                       r"TF_USE_LEGACY_KERAS=1"):
-        hvd_overlap.keras.DistributedOptimizer(adam())
+def test_a_keras_2_object_under_keras_3_is_refused_naming_both_fixes(monkeypatch):
+    adam = _stand_in(monkeypatch, "keras", "2.15.0")
+    message = generation.other_generation_message(adam, running=3)
+    assert message is not None
+    assert "Keras 2 object (keras 2.15.0)" in message
+    assert "keras.optimizers.Adam" in message and "TF_USE_LEGACY_KERAS=1" in message
+
+
+def test_objects_of_the_running_generation_or_of_no_keras_pass(monkeypatch):
+    assert generation.other_generation_message(
+        _stand_in(monkeypatch, "keras", "3.6.0"), running=3) is None
+    assert generation.other_generation_message("adam", running=2) is None
+    assert generation.other_generation_message(
+        type("Adam", (), {"__module__": "mylib.opt"})(), running=2) is None
+
+
+def test_the_keras_2_adapter_refuses_a_keras_3_optimizer(monkeypatch):
+    adam = _stand_in(monkeypatch, "keras", "3.6.0")
+    assert "Keras 3 object" in keras2.optimizer_problem(adam)
 
 
 def test_other_objects_keep_the_plain_refusal():
@@ -110,35 +82,33 @@ def test_other_objects_keep_the_plain_refusal():
         hvd_overlap.keras.DistributedOptimizer("adam")
 
 
-@needs_keras_3
+@needs_two_kerases
 def test_the_real_keras_3_optimizer_is_refused_under_legacy_keras():
-    version = _installed_keras_3()
-    if version is None:
-        pytest.fail(f"TensorFlow {tf.__version__} should come with the keras 3 package")
+    if keras_api.GENERATION != 2:
+        pytest.skip("this process runs Keras 3: the two-rank test below covers the other way")
     import keras  # the Keras 3 package; tf.keras is tf_keras here (TF_USE_LEGACY_KERAS=1)
 
-    assert keras_api.keras_behind_tf_keras()[0] == "tf_keras"
-    with pytest.raises(TypeError, match=r"Keras 3 optimizer .*tf\.keras\.optimizers\.Adam"):
+    with pytest.raises(TypeError, match=r"Keras 3 object .*tf\.keras\.optimizers\.Adam"):
         hvd_overlap.keras.DistributedOptimizer(keras.optimizers.Adam(0.1))
 
 
-@needs_keras_3
-def test_two_ranks_without_legacy_keras_refuse_on_every_rank():
-    """``horovodrun -np 2`` of a script importing the plugin, TF_USE_LEGACY_KERAS unset: every
-    rank prints the refusal and the job fails (never hangs: outer timeout, stall shutdown)."""
+@needs_two_kerases
+def test_two_ranks_without_legacy_keras_run_keras_3_and_refuse_a_tf_keras_optimizer():
+    """``horovodrun -np 2`` of a script importing the plugin with TF_USE_LEGACY_KERAS unset:
+    every rank picks the Keras 3 adapter, then refuses a tf-keras optimizer naming the fix, and
+    the job fails (never hangs: outer timeout)."""
+    pytest.importorskip("tf_keras")
     env = {k: v for k, v in os.environ.items() if k != "TF_USE_LEGACY_KERAS"}
-    env.update(TF_CPP_MIN_LOG_LEVEL="2", TF_NUM_INTRAOP_THREADS="1", TF_NUM_INTEROP_THREADS="2",
-               HOROVOD_STALL_CHECK_TIME_SECONDS="20", HOROVOD_STALL_SHUTDOWN_TIME_SECONDS="40")
+    env.update(TF_CPP_MIN_LOG_LEVEL="2", TF_NUM_INTRAOP_THREADS="1", TF_NUM_INTEROP_THREADS="2")
     horovodrun = Path(sys.executable).with_name("horovodrun")
     out = subprocess.run(
         ["timeout", "--kill-after=10", "180", str(horovodrun), "-np", "2", "-H", "localhost:2",
          "--gloo", sys.executable, str(JOB)], capture_output=True, text=True, env=env)
     output = out.stdout + out.stderr
     assert out.returncode not in (0, 124, 137), output[-3000:]
-    minor = ".".join(tf.__version__.split(".")[:2])
-    fixes = (f"pip install 'tf-keras=={minor}.*'", FIX[1])
     for rank in (0, 1):
+        assert f"rank {rank} runs the Keras 3 adapter" in output, output[-3000:]
         lines = [line for line in output.splitlines() if f"rank {rank} refused" in line]
         assert lines, f"rank {rank} did not refuse:\n{output[-3000:]}"
-        assert "KerasVersionError" in lines[0] and all(f in lines[0] for f in fixes), lines[0]
-    assert "under Keras 3" not in output
+        assert "Keras 2 object" in lines[0] and "keras.optimizers.Adam" in lines[0], lines[0]
+    assert "wrapped a Keras 2 optimizer" not in output

@@ -1,77 +1,141 @@
-"""Every private Keras / TensorFlow / Horovod internal the plugin relies on, in one file.
+"""Keras 2's internals (``tf.keras`` of TF 2.15, tf-keras 2.17/2.18 with
+``TF_USE_LEGACY_KERAS=1``), behind the interface ``keras3`` offers too; ``adapters/__init__``
+picks one at import. Each function names one internal, says what Keras 2 does there and why the
+plugin needs it. On a Keras upgrade, re-check this file: ``tests/test_compat.py`` asserts the
+version and that each attribute used here still exists, so it fails first, naming it.
 
-The rest of ``hvd_overlap`` calls public API and this module only. Each function names one
-internal, says what Keras 2.15 (TF 2.15, Horovod 0.28) does there and why the plugin needs it;
-the same internals are in tf-keras 2.17 (TF 2.17 with ``TF_USE_LEGACY_KERAS=1``).
-On a Keras upgrade, re-check this file: ``tests/test_compat.py`` asserts the version and that
-each attribute used here still exists, so it fails first, naming the attribute.
-
-The plugin needs ``tf.keras`` to be Keras 2. On TF >= 2.16 it is Keras 3 unless tf-keras is
-installed and ``TF_USE_LEGACY_KERAS=1`` is set before TensorFlow is imported: importing this
-module refuses Keras 3 at once (``require_keras_2``), before any collective.
-
-``comm`` and ``growth`` import it inside the function that needs it (``comm`` is imported by
-``hvd_overlap.keras`` itself, so a top-level import would be circular).
+``comm`` and ``growth`` import it (through ``hvd_overlap.adapters``), never ``keras``.
 """
+
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import horovod.tensorflow as hvd
 import tensorflow as tf
-from tensorflow.python.trackable import base as _trackable
 
+from hvd_overlap.adapters.common import (  # noqa: F401 -- the shared half of the interface
+    Trackable,
+    fill_store,
+    forget_train_function,
+    horovod_allreduce_grads_fn,
+    new_train_function,
+    parent_trackable_children,
+    patch_method,
+    plain_optimizer_class,
+    read_store,
+    refuse_xla,
+    restore_method,
+    set_train_function,
+    track_child,
+)
+from hvd_overlap.adapters.generation import other_generation_message
+
+#: the Keras generation this adapter serves
+GENERATION = 2
 #: the Keras 2 releases behind ``tf.keras`` this adapter was checked with (``keras`` 2.15 of
 #: TF 2.15; ``tf_keras`` 2.17 and 2.18 of TF 2.17 and 2.18): ``tests/test_compat.py`` fails on
 #: any other
 KERAS_VERSIONS: tuple[str, ...] = ("2.15", "2.17", "2.18")
+#: the Keras package the plugin builds on (callbacks, layers, models): ``tf.keras`` itself
+keras = tf.keras
+#: methods the generated optimizer class adds besides ``DistributedMixin``'s: none (Keras 2's
+#: ``fit``, ``minimize`` and custom loops all reach ``apply_gradients``)
+ENTRY_METHODS: dict[str, Callable[..., Any]] = {}
+
+#: Keras 2.15's Nadam multiplies its momentum-schedule product once per variable whose traced
+#: Python counter differs from the step, so stock Horovod's own weights change with the number
+#: of times the train function was traced (measured: one extra trace after 3 of 10 steps took
+#: the product from 1.8e-10 to 7.4e-11; the formula gives 2.0e-3). The legacy Nadam keeps it in
+#: a variable: the executors advance it once per step, exactly.
+_NADAM = ("tf.keras.optimizers.Nadam keeps its momentum-schedule product in a Python counter "
+          "that each trace of the train function bakes in, so even stock Horovod's weights "
+          "depend on how often the train function was traced; strategy {strategy!r} traces it "
+          "again and applies a step in parts, so no run can be compared with stock's. Use "
+          "tf.keras.optimizers.legacy.Nadam (exact with every strategy), Adam, or "
+          "strategy='layerwise'")
 
 
-class KerasVersionError(ImportError):
-    """``tf.keras`` is not Keras 2 (TF >= 2.16 without tf-keras and ``TF_USE_LEGACY_KERAS=1``)."""
+# -- what the plugin accepts --------------------------------------------------------------------
 
-
-def keras_behind_tf_keras() -> tuple[str, str]:
-    """(package, version) of the Keras that ``tf.keras`` resolves to: ``keras`` 2.15 on TF
-    2.15; on TF >= 2.16 ``keras`` 3.x, or ``tf_keras`` 2.x with ``TF_USE_LEGACY_KERAS=1``.
-    TF's lazy ``tf.keras`` loads that package on first use."""
-    package = tf.keras.__name__.split(".")[0]
-    return package, str(getattr(sys.modules.get(package), "__version__", "unknown"))
-
-
-def keras_3_message(tf_version: str, package: str, keras_version: str) -> str | None:
-    """Why the plugin cannot run with this ``tf.keras`` and the fix, or None if it can
-    (Keras 2). Pure, so the rule is tested with any versions."""
-    if keras_version.split(".")[0] == "2":
+def optimizer_problem(opt: Any) -> str | None:
+    """Why ``opt`` cannot be wrapped (not a Keras 2 optimizer), or None."""
+    if isinstance(opt, tf.keras.optimizers.Optimizer | tf.keras.optimizers.legacy.Optimizer):
         return None
-    minor = ".".join(tf_version.split(".")[:2])
-    return (f"hvd_overlap.keras needs tf.keras to be Keras 2, but on TensorFlow {tf_version} "
-            f"tf.keras is {package} {keras_version} (Keras 3). Fix: pip install "
-            f"'tf-keras=={minor}.*' (the tf-keras matching TensorFlow {minor}) and "
-            f"export TF_USE_LEGACY_KERAS=1 before TensorFlow is imported (in the environment "
-            f"of every rank, or os.environ at the very top of the script)")
+    return other_generation_message(opt, GENERATION) or (
+        f"expected a Keras optimizer (tf.keras.optimizers.*), got {type(opt).__name__}")
 
 
-def require_keras_2() -> None:
-    """Raise ``KerasVersionError`` naming the fix unless ``tf.keras`` is Keras 2."""
-    message = keras_3_message(tf.__version__, *keras_behind_tf_keras())
-    if message:
-        raise KerasVersionError(message)
+def optimizer_classes(legacy: bool = False) -> dict[str, type]:
+    """The optimizer classes of one family by name (SGD, Adam, ...): ``tf.keras.optimizers``,
+    or ``tf.keras.optimizers.legacy`` with ``legacy``; no loss-scale optimizer."""
+    module = tf.keras.optimizers.legacy if legacy else tf.keras.optimizers
+    return {name: c for name, c in vars(module).items()
+            if isinstance(c, type) and issubclass(c, module.Optimizer)
+            and c is not module.Optimizer and "LossScale" not in name}
 
 
-def keras_3_object_message(obj: Any) -> str | None:
-    """The fix, if ``obj``'s class comes from a Keras 3 package (e.g. ``keras.optimizers.Adam``
-    of ``keras`` 3 while ``tf.keras`` is tf-keras): such an optimizer cannot be wrapped."""
-    package = type(obj).__module__.split(".")[0]
-    version = str(getattr(sys.modules.get(package), "__version__", ""))
-    if version.split(".")[0] != "3":
-        return None
-    return (f"{type(obj).__name__} is a Keras 3 optimizer ({package} {version}); the plugin, "
-            f"as Horovod, wraps Keras 2 ones: use tf.keras.optimizers.{type(obj).__name__} "
-            f"(tf-keras's, with TF_USE_LEGACY_KERAS=1 set before TensorFlow is imported)")
+def element_wise_optimizers() -> tuple[type, ...]:
+    """Optimizers whose update of an element reads only that element's gradient and state."""
+    o, legacy = tf.keras.optimizers, tf.keras.optimizers.legacy
+    return (o.SGD, o.Adam, o.AdamW, o.RMSprop, o.Adagrad, o.Adadelta, o.Adamax, o.Nadam, o.Ftrl,
+            o.Lion, legacy.SGD, legacy.Adam, legacy.RMSprop, legacy.Adagrad, legacy.Adadelta,
+            legacy.Adamax, legacy.Nadam, legacy.Ftrl)
+
+
+def split_update_problem(opt: Any, strategy: str) -> str | None:
+    """Why ``opt``'s update cannot be applied in parts (a bucket at a time) exactly, or None:
+    Keras 2.11+'s Nadam (``_NADAM``)."""
+    if type(opt) is tf.keras.optimizers.Nadam:
+        return _NADAM.format(strategy=strategy)
+    return None
+
+
+def generation_problem(opt: Any, strategy: str, *, shards: bool = False,
+                       exchanges: bool = False, splits: bool = False) -> str | None:
+    """What this Keras generation cannot run of ``strategy`` (sharding, exchanging, applying
+    the update in parts) with ``opt``: nothing on Keras 2."""
+    return None
+
+
+def wrap_for_mixed_precision(opt: Any) -> Any:
+    """The optimizer to wrap: ``opt`` itself (Keras 2's ``compile`` puts its loss-scale
+    optimizer around the distributed one, and that one asks it for global gradients)."""
+    return opt
+
+
+def outside_loss_scale_problem(opt: Any) -> str | None:
+    """Why ``opt`` cannot run inside a loss-scale optimizer ``compile`` added: never on Keras 2."""
+    return None
+
+
+def plain_apply(parent: Any) -> Callable[..., Any]:
+    """The plain optimizer's update (``parent``: a ``super()``): ``apply_gradients(pairs)``."""
+    return parent.apply_gradients
+
+
+# -- variables -------------------------------------------------------------------------------------
+
+def var_key(v: Any) -> Any:
+    """A hashable key of a variable's identity (``Variable.ref()``)."""
+    return v.ref()
+
+
+def var_name(v: Any) -> str:
+    """A variable's unique name, ``<layer path>/<name>:0`` (``layer_of`` splits it)."""
+    return v.name
+
+
+def tf_variable(v: Any) -> tf.Variable:
+    """The ``tf.Variable`` behind a Keras variable: the variable itself on Keras 2."""
+    return v
+
+
+def read_value(v: Any) -> tf.Tensor:
+    """The variable's value now (a read ordered after earlier assignments in the function)."""
+    return v.read_value()
+
 
 #: Methods and properties of the plugin's own classes that keep a private name because Keras,
 #: TensorFlow or Horovod call them by it (their bodies call this module): (class, name, caller).
@@ -84,29 +148,14 @@ HOOK_NAMES: tuple[tuple[str, str, str], ...] = (
     ("ShardedCheckpoint", "_restore_from_tensors", "TF checkpoint restoring"),
 )
 
-#: TF's base of checkpointable objects (no public alias in TF 2.15): ``ShardedCheckpoint``
-#: subclasses it to save its own tensors via the ``_serialize_to_tensors`` hooks above.
-Trackable = _trackable.Trackable
-
 
 # -- the optimizer's class and Keras's hooks -----------------------------------------------------
-
-def plain_optimizer_class(cls: type) -> type:
-    """The user's optimizer class behind a generated distributed class: its MRO is (generated
-    class, ``DistributedMixin``, user's class, ...)."""
-    return cls.__mro__[2]
 
 
 def is_legacy_optimizer(opt: Any) -> bool:
     """True for ``tf.keras.optimizers.legacy`` optimizers (OptimizerV2: ``add_slot`` slots,
     ``_hyper`` hyperparameters), False for the Keras 2.11+ ones (slots in ``variables``)."""
     return isinstance(opt, tf.keras.optimizers.legacy.Optimizer)
-
-
-def parent_trackable_children(parent: Any, save_type: str, **kwargs: Any) -> dict[str, Any]:
-    """``Trackable._trackable_children`` of the plain optimizer (``parent``: a ``super()``):
-    what TF checkpoints under it; the mixin's override filters it (sharded slots)."""
-    return parent._trackable_children(save_type, **kwargs)
 
 
 def legacy_compute_gradients(parent: Any) -> Callable[..., Any] | None:
@@ -119,12 +168,6 @@ def plain_weight_decay(parent: Any) -> Callable[[Sequence[tf.Variable]], Any] | 
     """Keras 2.11+ ``Optimizer._apply_weight_decay`` (decoupled decay, called by
     ``apply_gradients`` before the update) of ``parent`` (a ``super()``); None on legacy ones."""
     return getattr(parent, "_apply_weight_decay", None)
-
-
-def track_child(obj: Any, child: Any, name: str) -> None:
-    """``Trackable._track_trackable``: make ``child`` a named checkpoint dependency of ``obj``
-    (the sharded state is saved and restored with the optimizer)."""
-    obj._track_trackable(child, name=name)
 
 
 # -- optimizer variables: slots and hyperparameters ----------------------------------------------
@@ -184,8 +227,7 @@ def uses_weight_decay(opt: Any, var: tf.Variable) -> bool:
     return opt._use_weight_decay(var)
 
 
-def legacy_nadam_momentum_cache(opt: Any, variables: Sequence[tf.Variable]
-                                ) -> tf.Variable | None:
+def momentum_schedule(opt: Any, variables: Sequence[tf.Variable]) -> tf.Variable | None:
     """The legacy Nadam's momentum-schedule product ``_m_cache``, which every
     ``apply_gradients`` call advances (created with the slots of ``variables`` if need be);
     None for other optimizers."""
@@ -208,19 +250,14 @@ def hyper_variables(opt: Any) -> list[tf.Variable]:
     return [h for h in hypers if isinstance(h, tf.Variable)]
 
 
-def fill_store(store: Any, arrays: Sequence[Any]) -> None:
-    """Write a ``.keras`` file's optimizer entry as Keras 2.11+ ``save_own_variables`` does:
-    ``store[str(i)]`` for the i-th of ``variables`` (``iterations`` first)."""
-    for i, a in enumerate(arrays):
-        store[str(i)] = a
-
-
-def read_store(store: Any) -> list[Any]:
-    """The arrays of an optimizer entry written by ``save_own_variables``, in order."""
-    return [store[str(k)] for k in range(len(store.keys()))]
-
-
 # -- graphs and layers ----------------------------------------------------------------------------
+
+def is_plain_dense(layer: Any) -> bool:
+    """True for a ``Dense`` layer whose ``call`` is Keras 2's own (the factor exchange replaces
+    that ``call`` with one computing the same, so a subclass's own ``call`` is left alone)."""
+    return isinstance(layer, tf.keras.layers.Dense) and \
+        type(layer).call is tf.keras.layers.Dense.call
+
 
 def compute_dtype_object(layer: Any) -> tf.DType:
     """``Layer._compute_dtype_object``: the ``tf.DType`` Keras casts a layer's inputs to in
@@ -228,46 +265,6 @@ def compute_dtype_object(layer: Any) -> tf.DType:
     return layer._compute_dtype_object
 
 
-# -- patching Keras objects ----------------------------------------------------------------------
-
-def patch_method(obj: Any, name: str, fn: Callable[..., Any]) -> Any:
-    """Replace ``obj.name`` by ``fn`` as an instance attribute; return what the instance
-    itself held before (None: the class's method). Keras 2.15 reads the attribute when it is
-    used (``__call__`` calls ``self.call``, ``make_train_function`` reads ``self.train_step``),
-    so the replacement takes effect from the next trace."""
-    previous = vars(obj).get(name)
-    setattr(obj, name, fn)
-    return previous
-
-
-def restore_method(obj: Any, name: str, previous: Any = None) -> None:
-    """Undo ``patch_method``: put ``previous`` back, or (None) delete the instance attribute
-    so the class's method is seen again."""
-    if previous is not None:
-        setattr(obj, name, previous)
-    elif name in vars(obj):
-        delattr(obj, name)
-
-
-def set_train_function(model: Any, fn: Any) -> None:
-    """Keras 2.15 ``fit`` calls ``model.train_function`` afresh at every step, so a callback's
-    ``on_train_batch_begin`` can choose the function the step runs."""
-    model.train_function = fn
-
-
-def forget_train_function(model: Any) -> None:
-    """Drop the cached train function: the next ``fit`` (``make_train_function``) traces
-    ``train_step`` again."""
-    model.train_function = None
 
 
 # -- Horovod ---------------------------------------------------------------------------------------
-
-def horovod_allreduce_grads_fn(*args: Any, **kwargs: Any) -> Callable[..., Any]:
-    """``horovod.tensorflow._make_allreduce_grads_fn``: the gradient function stock
-    ``hvd.DistributedOptimizer`` uses (its arguments), so the ``horovod`` strategy sends
-    exactly as Horovod does."""
-    return hvd._make_allreduce_grads_fn(*args, **kwargs)
-
-
-require_keras_2()  # on import: every module of hvd_overlap.keras imports this one

@@ -14,6 +14,7 @@ from typing import Any
 
 import tensorflow as tf
 
+from hvd_overlap.adapters import keras_api
 from hvd_overlap.comm.methods import Grad
 from hvd_overlap.comm.state_scope import plugin_state
 
@@ -37,7 +38,7 @@ class GradientSums:
     def __init__(self, prefix: str = "hvd_overlap_acc_",
                  count_name: str = "hvd_overlap_pass_counter"):
         self.prefix, self.count_name = prefix, count_name
-        #: one sum per variable (by ``v.ref()``) that has had a gradient
+        #: one sum per variable (by ``keras_api.var_key``) that has had a gradient
         self.sums: dict[Any, tf.Variable] = {}
         #: passes added since the last reset (Horovod's ``_agg_helper.counter``)
         self.count: tf.Variable | None = None
@@ -49,8 +50,8 @@ class GradientSums:
                 self.count = tf.Variable(0, dtype=tf.int64, trainable=False,
                                          name=self.count_name)
             for g, v in zip(grads, variables, strict=True):
-                if g is not None and v.ref() not in self.sums:
-                    self.sums[v.ref()] = tf.Variable(
+                if g is not None and keras_api.var_key(v) not in self.sums:
+                    self.sums[keras_api.var_key(v)] = tf.Variable(
                         tf.zeros(v.shape, g.dtype), trainable=False,
                         name=self.prefix + v.name.split(":")[0].replace("/", "_"))
 
@@ -60,7 +61,7 @@ class GradientSums:
         after it -- which waits for every addition)."""
         grads = [densify(g, sparse_as_dense) for g in grads]
         self._init(grads, variables)
-        sums = [self.sums[v.ref()] if g is not None else None
+        sums = [self.sums[keras_api.var_key(v)] if g is not None else None
                 for g, v in zip(grads, variables, strict=True)]
         updates = [s.assign_add(g) for s, g in zip(sums, grads, strict=True) if g is not None]
         with tf.control_dependencies(updates):

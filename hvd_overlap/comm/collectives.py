@@ -100,3 +100,8 @@ def allgather_object(obj: object, name: str) -> list:
 def broadcast_object(obj: object, name: str, root_rank: int = 0) -> object:
     """Rank ``root_rank``'s picklable ``obj`` on every rank (eager)."""
     return hvd.broadcast_object(obj, root_rank=root_rank, name=name)
+
+
+def broadcast(tensor: tf.Tensor, name: str, root_rank: int = 0) -> tf.Tensor:
+    """Rank ``root_rank``'s ``tensor`` on every rank."""
+    return hvd.broadcast(tensor, root_rank, name=name, ignore_name_scope=True)

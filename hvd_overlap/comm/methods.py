@@ -117,10 +117,13 @@ class StockHorovod(GradientMethod):
 
     def _fn(self):
         s = self.settings
+        groups = s.groups  # Horovod keys its variable groups by tf.Variable.ref()
+        if isinstance(groups, list):
+            groups = [[keras_api.tf_variable(v) for v in g] for g in groups]
         with tf.init_scope():
             return keras_api.horovod_allreduce_grads_fn(  # the function stock Horovod uses
                 s.name, s.device_dense, s.device_sparse, s.compression, s.sparse_as_dense,
-                s.op, s.gradient_predivide_factor, s.groups,
+                s.op, s.gradient_predivide_factor, groups,
                 process_set=hvd.global_process_set)
 
     def reduce(self, bucket: Bucket, grads: Sequence[Grad],
@@ -130,7 +133,8 @@ class StockHorovod(GradientMethod):
     def reduce_all(self, buckets: Sequence[Bucket], grads: Sequence[Grad],
                    variables: Sequence[tf.Variable]) -> dict[int, Grad]:
         index = sorted(v.index for b in buckets for v in b.variables)
-        reduced = self._fn()([grads[i] for i in index], [variables[i] for i in index])
+        reduced = self._fn()([grads[i] for i in index],
+                             [keras_api.tf_variable(variables[i]) for i in index])
         return {i: r for i, r in zip(index, reduced, strict=True) if r is not None}
 
 

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
+from hvd_overlap.adapters import keras_api
 from hvd_overlap.comm import collectives
 from hvd_overlap.comm.methods import Grad
 from hvd_overlap.core.plan import Plan, VarSpec, layer_of
@@ -26,12 +27,13 @@ def var_specs(variables: Sequence[tf.Variable], grads: Sequence[Grad] | None = N
     with ``grads``, which have none (off the loss path) and which are sparse;
     ``exchangeable``: refs of the dense kernels the factor exchange can carry."""
     grads = list(grads) if grads is not None else [0] * len(variables)
+    names = [keras_api.var_name(v) for v in variables]
     return [
-        VarSpec(index=i, name=v.name, shape=tuple(int(d) for d in v.shape),
-                dtype=v.dtype.base_dtype.name, layer=layer_of(v.name),
+        VarSpec(index=i, name=name, shape=tuple(int(d) for d in v.shape),
+                dtype=tf.as_dtype(v.dtype).base_dtype.name, layer=layer_of(name),
                 sparse=isinstance(g, tf.IndexedSlices) and not sparse_as_dense,
-                has_grad=g is not None, exchangeable=v.ref() in exchangeable)
-        for i, (v, g) in enumerate(zip(variables, grads, strict=True))
+                has_grad=g is not None, exchangeable=keras_api.var_key(v) in exchangeable)
+        for i, (v, g, name) in enumerate(zip(variables, grads, names, strict=True))
     ]
 
 
@@ -80,8 +82,8 @@ class Planner:
         compared across ranks first, once per variable list, even if the plan was built before
         (``opt.build_plan``) without the check."""
         specs = var_specs(variables, grads, self.sparse_as_dense, self.exchangeable)
-        key = tuple(v.ref() for v in variables) + tuple((s.sparse, s.has_grad, s.exchangeable)
-                                                        for s in specs)
+        key = tuple(keras_api.var_key(v) for v in variables) + \
+            tuple((s.sparse, s.has_grad, s.exchangeable) for s in specs)
         if check_ranks and key not in self._checked:
             check_same_on_all_ranks(specs)
             self._checked.add(key)

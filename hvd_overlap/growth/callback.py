@@ -128,7 +128,8 @@ class BatchSizeScheduler(tf.keras.callbacks.Callback):
         if mutants.off("reconsider"):
             return
         opt = self.model.optimizer
-        opt = getattr(opt, "inner_optimizer", opt)  # mixed precision's LossScaleOptimizer
+        if not hasattr(opt, "register_bucket_method"):  # Keras 2 mixed precision: compile's
+            opt = getattr(opt, "inner_optimizer", opt)   # LossScaleOptimizer around ours
         reconsider = getattr(opt, "reconsider", None)
         if reconsider is None:
             return

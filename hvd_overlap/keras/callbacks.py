@@ -7,8 +7,6 @@ from __future__ import annotations
 import statistics
 import time
 
-import tensorflow as tf
-
 from hvd_overlap.adapters import keras_api
 from hvd_overlap.keras.executors.step_state import (
     StepFunction,
@@ -21,7 +19,7 @@ from hvd_overlap.keras.executors.step_state import (
 __all__ = ["OverlapCallback"]
 
 
-class OverlapCallback(tf.keras.callbacks.Callback):
+class OverlapCallback(keras_api.keras.callbacks.Callback):
     """Installs the pre-forward phase into ``model.fit``'s train step and flushes pending
     updates whenever someone could look at the weights.
 
@@ -59,8 +57,10 @@ class OverlapCallback(tf.keras.callbacks.Callback):
 
     def _optimizer(self):
         opt = getattr(self.model, "optimizer", None)
-        # mixed precision: compile wraps ours in a LossScaleOptimizer
-        opt = getattr(opt, "inner_optimizer", opt)
+        if not hasattr(opt, "register_bucket_method"):
+            # Keras 2 mixed precision: compile wraps ours in a LossScaleOptimizer (on Keras 3
+            # ours is the loss-scale optimizer)
+            opt = getattr(opt, "inner_optimizer", opt)
         return opt if getattr(opt, "defers", False) else None
 
     def on_train_begin(self, logs=None):
@@ -88,7 +88,7 @@ class OverlapCallback(tf.keras.callbacks.Callback):
         # a train_step set on the model itself (enable_gradient_accumulation's) comes back after
         self._replaced = keras_api.patch_method(self.model, "train_step", train_step)
         own = self._replaced is not None or \
-            type(self.model).train_step is not tf.keras.Model.train_step
+            type(self.model).train_step is not keras_api.keras.Model.train_step
         loop = TrainLoop.OWN_TRAIN_STEP if own else TrainLoop.KERAS_FIT
         # weights loaded during fit (a callback's set_weights/load_weights) must not have a
         # pending update land on top of them: flush first, on every rank; load_weights may
@@ -113,10 +113,10 @@ class OverlapCallback(tf.keras.callbacks.Callback):
         kinds are one function: one trace instead of two (a switch makes them again)."""
         opt = self._optimizer()
         if opt is not None and not opt.defers_now:
-            one = StepFunction(self.model.make_train_function(force=True), StepKind.DEFER)
+            one = StepFunction(keras_api.new_train_function(self.model), StepKind.DEFER)
             self._functions = dict.fromkeys(StepKind, one)
             return
-        self._functions = {kind: StepFunction(self.model.make_train_function(force=True), kind)
+        self._functions = {kind: StepFunction(keras_api.new_train_function(self.model), kind)
                            for kind in StepKind}
 
     def _checkpoint_due(self, batch: int) -> bool:

@@ -43,14 +43,13 @@ from hvd_overlap.core.exchange import (
 from hvd_overlap.keras.executors.step_state import current_step
 
 
-def exchangeable_layers(model: Any) -> list[tf.keras.layers.Dense]:
+def exchangeable_layers(model: Any) -> list[Any]:
     """The layers of ``model`` (nested ones too) whose kernel the exchange can carry exactly:
     Keras ``Dense`` (or a subclass that keeps its ``call``), trainable, with a 2-D kernel and
     the same compute and variable dtype (not under a mixed-precision policy)."""
     out = []
     for layer in _all_layers(model):
-        if not isinstance(layer, tf.keras.layers.Dense) or \
-                type(layer).call is not tf.keras.layers.Dense.call:
+        if not keras_api.is_plain_dense(layer):
             continue
         policy = layer.dtype_policy
         if layer.trainable and policy.compute_dtype == policy.variable_dtype:
@@ -70,7 +69,7 @@ class ExchangedDense:
     """One patched ``Dense`` layer: its ``call`` replaced (an instance attribute), its batch
     size recorded, and, once active, its kernel gradient computed by the exchange."""
 
-    def __init__(self, layer: tf.keras.layers.Dense, name: str, average: bool,
+    def __init__(self, layer: Any, name: str, average: bool,
                  in_train_step: Callable[[], bool]):
         self.layer = layer
         self.name = name

@@ -14,6 +14,7 @@ from typing import Any
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
+from hvd_overlap.adapters import keras_api
 from hvd_overlap.comm import collectives
 from hvd_overlap.comm.link import agree
 from hvd_overlap.comm.methods import ReduceScatterGather
@@ -98,13 +99,14 @@ class DenseExchanges:
 
     def kernel_refs(self) -> frozenset:
         """Refs of the patched layers' kernels (built ones)."""
-        return frozenset(x.kernel.ref() for x in self.layers if x.kernel is not None)
+        return frozenset(keras_api.var_key(x.kernel) for x in self.layers
+                         if x.kernel is not None)
 
     def kept(self, variables: list[tf.Variable]) -> set[int]:
         """Positions in ``variables`` of the kernels whose forward runs on the rows (active;
         whether the graph being built used them so is ``carried``)."""
-        refs = {x.kernel.ref() for x in self.layers if x.active and x.keep}
-        return {i for i, v in enumerate(variables) if v.ref() in refs}
+        refs = {keras_api.var_key(x.kernel) for x in self.layers if x.active and x.keep}
+        return {i for i, v in enumerate(variables) if keras_api.var_key(v) in refs}
 
     def carried(self, variables: list[tf.Variable]) -> set[int]:
         """Positions in ``variables`` of the kernels whose gradient the step being traced
@@ -112,8 +114,8 @@ class DenseExchanges:
         a train step (elsewhere the layers compute as Keras's)."""
         if not self.in_train_step():
             return set()
-        refs = {x.kernel.ref() for x in self.layers if x.declared() is not None}
-        return {i for i, v in enumerate(variables) if v.ref() in refs}
+        refs = {keras_api.var_key(x.kernel) for x in self.layers if x.declared() is not None}
+        return {i for i, v in enumerate(variables) if keras_api.var_key(v) in refs}
 
     def input_gradients(self) -> list[tf.Tensor]:
         """The input gradients of kernels on the rows that the graph being built sends back by
@@ -124,9 +126,10 @@ class DenseExchanges:
         """Which kernels the exchange carries, from the batch each layer saw in the first step
         (the largest over the ranks) and its calls per step; activates them with this rank's
         rows. Eager, on every rank at the same step (one small allreduce)."""
-        by_ref = {x.kernel.ref(): x for x in self.layers if x.kernel is not None}
-        found = {s.index: by_ref[variables[s.index].ref()] for b in layout.buckets if b.rows
-                 for s in b.segments if variables[s.index].ref() in by_ref}
+        key = keras_api.var_key
+        by_ref = {key(x.kernel): x for x in self.layers if x.kernel is not None}
+        found = {s.index: by_ref[key(variables[s.index])] for b in layout.buckets if b.rows
+                 for s in b.segments if key(variables[s.index]) in by_ref}
         order = sorted(found)
         seen = tf.stack([found[i].batch.read_value() for i in order]) if order else \
             tf.zeros([0], tf.int64)

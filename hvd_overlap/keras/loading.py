@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from hvd_overlap.adapters import keras_api
 from hvd_overlap.keras.optimizer import DistributedOptimizer
 
 
@@ -12,16 +13,11 @@ def load_model(filepath, custom_optimizers=None, custom_objects=None, compile: b
     (``strategy=`` and the other keywords of ``DistributedOptimizer``). A plain
     ``tf.keras.models.load_model`` gives the plain optimizer, which no longer averages.
     ``legacy_opts``: the file holds a ``tf.keras.optimizers.legacy`` optimizer."""
-    import tensorflow as tf
-
-    module = tf.keras.optimizers.legacy if legacy_opts else tf.keras.optimizers
-    classes = {name: c for name, c in vars(module).items()  # SGD, Adam, ... of that family
-               if isinstance(c, type) and issubclass(c, module.Optimizer)
-               and c is not module.Optimizer and "LossScale" not in name}
+    classes = keras_api.optimizer_classes(legacy_opts)
     classes.update({c.__name__: c for c in custom_optimizers or ()})
     objects = {name: _Wrapping(c, options) for name, c in classes.items()}
     objects.update(custom_objects or {})
-    return tf.keras.models.load_model(filepath, custom_objects=objects, compile=compile)
+    return keras_api.keras.models.load_model(filepath, custom_objects=objects, compile=compile)
 
 
 class _Wrapping:

@@ -89,6 +89,9 @@ def DistributedOptimizer(  # noqa: N802 -- same name as Horovod's factory
     if isinstance(backward_passes_per_step, int) and backward_passes_per_step > 1:
         chosen = _accumulating_plan(chosen, backward_passes_per_step)
     validate(optimizer, op, gradient_predivide_factor, backward_passes_per_step, process_set)
+    # Keras 3 under mixed_float16: the loss-scale optimizer goes inside (it must see global
+    # gradients), so compile adds none around this one
+    optimizer = keras_api.wrap_for_mixed_precision(optimizer)
     if chosen.shards:
         validate_sharding(optimizer)
     if chosen.exchanges:

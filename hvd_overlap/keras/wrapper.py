@@ -78,6 +78,7 @@ class DistributedMixin:
         self._hvdo.set_method(method)
 
     def apply_gradients(self, grads_and_vars, *args, **kwargs):
+        keras_api.refuse_xla(self._hvdo.strategy)  # (while tracing: every rank alike)
         grads_and_vars = list(grads_and_vars)
         grads = [g for g, _ in grads_and_vars]
         variables = [v for _, v in grads_and_vars]
@@ -251,7 +252,8 @@ class DistributedMixin:
 def plain_methods(opt) -> Plain:
     """The optimizer's own methods, from the class after the mixin in its MRO."""
     parent = super(DistributedMixin, opt)
-    return Plain(apply_gradients=parent.apply_gradients, build=getattr(parent, "build", None),
+    return Plain(apply_gradients=keras_api.plain_apply(parent),
+                 build=getattr(parent, "build", None),
                  save_own_variables=getattr(parent, "save_own_variables", None),
                  load_own_variables=getattr(parent, "load_own_variables", None),
                  apply_weight_decay=keras_api.plain_weight_decay(parent),
@@ -265,4 +267,5 @@ def distributed_class(base: type, options: dict, factory: Callable[..., Any]) ->
     optimizer like this one."""
     return type(base.__name__, (DistributedMixin, base),
                 {"__module__": base.__module__, "__doc__": base.__doc__,
-                 "_hvdo_options": options, "_hvdo_factory": staticmethod(factory)})
+                 "_hvdo_options": options, "_hvdo_factory": staticmethod(factory),
+                 **keras_api.ENTRY_METHODS})

@@ -56,9 +56,10 @@ def plan(model_file: str, strategy: str, bucket_bytes: int | None, exchange: str
     model = tf.keras.models.load_model(model_file, compile=False)
     kernels: frozenset = frozenset()
     if layers != NEVER:
+        from hvd_overlap.adapters import keras_api
         from hvd_overlap.keras.exchange import exchangeable_layers
 
-        kernels = frozenset(layer.kernel.ref() for layer in exchangeable_layers(model))
+        kernels = frozenset(keras_api.var_key(la.kernel) for la in exchangeable_layers(model))
     specs = var_specs(model.trainable_variables, exchangeable=kernels)
     built = chosen.build_plan(specs, ranks)
     if layers != NEVER:

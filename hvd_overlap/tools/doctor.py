@@ -106,8 +106,8 @@ def _keras(report: Report, tf: Any) -> None:
                    f"{installed}; {setting}")
         return
     generation = version.split(".")[0]
-    report.add("Keras", f"tf.keras is {package} {version} (Keras {generation}); installed: "
-               f"{installed}; {setting}")
+    report.add("Keras", f"tf.keras is {package} {version} (Keras {generation}: the plugin's "
+               f"Keras {generation} adapter); installed: {installed}; {setting}")
     keras3 = _dist_version("keras")
     if generation == "2" and keras3 and keras3.startswith("3."):
         report.notes.append(f"the keras {keras3} package (Keras 3) is installed too: build "
@@ -160,7 +160,8 @@ def _horovod(report: Report) -> None:
 
 def _strategies(report: Report) -> None:
     """Import ``hvd_overlap.keras`` as a script would: every strategy runs, or all are refused
-    with the import's reason (the stack, or Keras 3 behind ``tf.keras``)."""
+    with the import's reason (the stack); on Keras 3 those the Keras 3 adapter cannot run are
+    refused with its reason."""
     from hvd_overlap import StackError
     from hvd_overlap.core.choice import REGISTRY
 
@@ -174,7 +175,13 @@ def _strategies(report: Report) -> None:
         if not listed:
             report.problems.append(f"import hvd_overlap.keras: {type(e).__name__}: {why}")
         return
-    report.strategies = dict.fromkeys(REGISTRY)
+    from hvd_overlap.adapters import keras_api
+
+    report.strategies = {name: keras_api.generation_problem(None, name, shards=cls.shards)
+                         for name, cls in REGISTRY.items()}
+    exchange = keras_api.generation_problem(None, "exchange", exchanges=True)
+    if exchange:
+        report.notes.append(exchange)
 
 
 def collect() -> Report:

@@ -86,7 +86,7 @@ class Executor:
         if self.last_plan is not None:
             raise RuntimeError("register_local_var before the first step (the plan is built "
                                "then, without the local variables)")
-        self.local_refs.add(var.ref())
+        self.local_refs.add(keras_api.var_key(var))
 
     def split_local(self, grads: list[Grad], variables: list[tf.Variable]
                     ) -> tuple[list[Grad], list[tf.Variable], Pairs]:
@@ -95,9 +95,10 @@ class Executor:
         default, so that it weighs as much as an averaged one)."""
         if not self.local_refs:
             return grads, variables, []
-        shared = [i for i, v in enumerate(variables) if v.ref() not in self.local_refs]
+        key = keras_api.var_key
+        shared = [i for i, v in enumerate(variables) if key(v) not in self.local_refs]
         local = [(self._scaled(grads[i]), variables[i]) for i, v in enumerate(variables)
-                 if v.ref() in self.local_refs and grads[i] is not None]
+                 if key(v) in self.local_refs and grads[i] is not None]
         return [grads[i] for i in shared], [variables[i] for i in shared], local
 
     def _scaled(self, g: Grad) -> Grad:
@@ -115,10 +116,11 @@ class Executor:
         if not self.local_refs:
             return reduce_fn(grads, variables)
         shared_grads, shared_vars, local = self.split_local(grads, variables)
-        got = dict(zip((v.ref() for v in shared_vars), reduce_fn(shared_grads, shared_vars),
+        key = keras_api.var_key
+        got = dict(zip((key(v) for v in shared_vars), reduce_fn(shared_grads, shared_vars),
                        strict=True))
-        got.update((v.ref(), g) for g, v in local)
-        return [got.get(v.ref()) for v in variables]
+        got.update((key(v), g) for g, v in local)
+        return [got.get(key(v)) for v in variables]
 
     def reduce_now(self, grads: list[Grad], variables: list[tf.Variable]) -> list[Grad]:
         """Every bucket's global gradient, in this step (what ``compute_gradients`` returns, as
@@ -217,9 +219,10 @@ class Executor:
             if count:
                 self.opt.iterations.assign_add(1)
             return
-        # the legacy Nadam's momentum-schedule product, which every apply_gradients advances
-        schedule = keras_api.legacy_nadam_momentum_cache(self.opt, [v for _, v in pairs])
-        before = schedule.read_value() if schedule is not None else None
+        # Nadam's momentum-schedule product (legacy Keras 2, Keras 3), which every
+        # apply_gradients advances
+        schedule = keras_api.momentum_schedule(self.opt, [v for _, v in pairs])
+        before = keras_api.read_value(schedule) if schedule is not None else None
         self.plain.apply_gradients(pairs)
         if not count:
             self.opt.iterations.assign_sub(1)

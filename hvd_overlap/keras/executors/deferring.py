@@ -94,7 +94,7 @@ class DeferringExecutor(NextStepExecutor):
         part of this step's update must be applied with this step's. (A LearningRateSchedule
         reads ``iterations``, which the deferral keeps right.)"""
         for hyper, kept in self.step_hypers:
-            kept.assign(hyper.read_value())
+            kept.assign(keras_api.read_value(hyper))
 
     def pre_forward(self, landing: bool = False) -> None:
         if self.phase.stage is Stage.UNPLANNED:
@@ -110,7 +110,7 @@ class DeferringExecutor(NextStepExecutor):
             return
         # the deferred buckets are step t's update: applied with step t's hyperparameters, then
         # the ones this step was given are put back
-        now = [h.read_value() for h, _ in self.step_hypers]
+        now = [keras_api.read_value(h) for h, _ in self.step_hypers]
         with tf.control_dependencies(now):
             swapped = [h.assign(tf.where(self.phase.pending, kept, v))
                        for (h, kept), v in zip(self.step_hypers, now, strict=True)]

@@ -1,0 +1,133 @@
+"""Keras 3, one process: the internals the Keras 3 adapter reads still exist (on an upgrade this
+fails first, naming the attribute), and what Keras 3 cannot run is refused before any
+collective, naming the fix. The 2-rank exactness tests are tests/multirank/test_keras3.py."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hvd_overlap.adapters import keras_api
+
+pytestmark = pytest.mark.skipif(keras_api.GENERATION != 3, reason=(
+    "Keras 3 only: scripts/test runs it on the keras3 stack (TF 2.18 + Keras 3)"))
+
+if keras_api.GENERATION == 3:
+    import horovod.tensorflow as hvd
+    import keras
+    import tensorflow as tf
+
+    import hvd_overlap.keras as hvdo
+
+    hvd.init()
+
+RECHECK = "re-check hvd_overlap/adapters/keras3.py against the installed Keras"
+
+
+def _model() -> keras.Model:
+    keras.utils.set_random_seed(0)
+    return keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+
+
+def test_keras_3_optimizers_keep_the_internals_the_adapter_uses():
+    model = _model()
+    nadam = keras.optimizers.Nadam(0.1)
+    nadam.build(model.trainable_variables)
+    for name in ("_apply_weight_decay", "_learning_rate", "_use_weight_decay",
+                 "_trainable_variables", "built", "apply", "iterations"):
+        assert hasattr(nadam, name), f"{name}: {RECHECK}"
+    assert isinstance(keras_api.momentum_schedule(nadam, []), keras.Variable), RECHECK
+    assert keras_api.hyper_variables(nadam) == [nadam._learning_rate], RECHECK
+    kernel = model.trainable_variables[0]
+    assert isinstance(keras_api.tf_variable(kernel), tf.Variable), RECHECK
+    assert keras_api.var_name(kernel) == kernel.path and "/" in kernel.path, RECHECK
+    assert keras_api.var_key(kernel) == keras_api.var_key(kernel), RECHECK
+
+
+def test_make_train_function_stores_the_function_fit_reads():
+    model = _model()
+    model.compile("sgd", "mse")
+    fn = keras_api.new_train_function(model)
+    assert fn is not None and fn is model.train_function, RECHECK
+
+
+def test_the_wrapped_optimizer_takes_keras_3_apply():
+    """A custom loop calling ``apply`` (not ``apply_gradients``) reaches the plugin: on one
+    rank it is the plain update, counted once."""
+    model = _model()
+    opt = hvdo.DistributedOptimizer(keras.optimizers.SGD(0.5), strategy="layerwise")
+    before = [w.numpy() for w in model.trainable_variables]
+    grads = [tf.ones_like(w) for w in model.trainable_variables]
+    opt.apply(grads, model.trainable_variables)
+    assert int(opt.iterations.numpy()) == 1
+    for b, w in zip(before, model.trainable_variables, strict=True):
+        np.testing.assert_allclose(w.numpy(), b - 0.5)
+    assert opt.plan is not None  # the plugin planned it
+
+
+def test_mixed_precision_puts_the_loss_scale_optimizer_inside():
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        opt = hvdo.DistributedOptimizer(keras.optimizers.Adam(0.1))
+        model = _model()
+        model.compile(opt, "mse")
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    assert isinstance(opt, keras.optimizers.LossScaleOptimizer)
+    assert model.optimizer is opt
+
+
+@pytest.mark.parametrize("strategy", ["deferred", "hybrid", "auto"])
+def test_mixed_precision_with_a_split_update_is_refused_or_left_out(strategy):
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        if strategy == "auto":  # auto keeps to what can run: no deferring plan in its pool
+            from hvd_overlap.keras.executors.auto_pool import can_defer
+            assert not can_defer(keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam()))
+            return
+        with pytest.raises(ValueError, match="strategy='layerwise' or 'horovod'"):
+            hvdo.DistributedOptimizer(keras.optimizers.Adam(0.1), strategy=strategy)
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+
+
+def test_xla_is_refused_naming_the_fix():
+    model = _model()
+    model.compile(hvdo.DistributedOptimizer(keras.optimizers.SGD(0.1)), "mse",
+                  jit_compile=True)
+    x = np.ones((4, 3), np.float32)
+    with pytest.raises(ValueError, match=r"jit_compile=False"):
+        model.fit(x, x[:, :2], batch_size=2, epochs=1, verbose=0)
+
+
+def test_legacy_optimizers_are_refused_by_load_model(tmp_path):
+    with pytest.raises(ValueError, match="Keras 3 has no legacy optimizers"):
+        hvdo.load_model(str(tmp_path / "none.keras"), legacy_opts=True)
+
+
+def test_a_saved_model_comes_back_with_its_optimizer_wrapped(tmp_path):
+    model = _model()
+    model.compile(hvdo.DistributedOptimizer(keras.optimizers.Adam(0.1), strategy="hybrid"),
+                  "mse")
+    x = np.ones((4, 3), np.float32)
+    model.fit(x, x[:, :2], batch_size=2, epochs=1, verbose=0,
+              callbacks=[hvdo.OverlapCallback()])
+    model.save(tmp_path / "m.keras")
+    back = hvdo.load_model(str(tmp_path / "m.keras"), strategy="hybrid")
+    assert back.optimizer.strategy == "hybrid"
+    assert int(back.optimizer.iterations.numpy()) == 2
+    plain = keras.models.load_model(tmp_path / "m.keras")
+    assert not hasattr(plain.optimizer, "strategy")  # restores without the plugin
+    for a, b in zip(back.optimizer.variables, plain.optimizer.variables, strict=True):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+def test_doctor_names_keras_3_and_what_it_cannot_run():
+    from hvd_overlap.tools.doctor import collect, format_report
+
+    report = format_report(collect())
+    assert "(Keras 3: the plugin's Keras 3 adapter)" in report, report
+    assert "refused: sharded, sharded_hybrid: the sharded update is not available on Keras 3" \
+        in report, report
+    assert "run here: horovod, layerwise, deferred, hybrid, auto" in report, report
+    assert "the dense factor exchange is not available on Keras 3 yet" in report, report

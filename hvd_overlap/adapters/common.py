@@ -13,6 +13,21 @@ import tensorflow as tf
 from tensorflow.python.ops import control_flow_util as _control_flow_util
 from tensorflow.python.trackable import base as _trackable
 
+__all__ = ["SHARED_HOOK_NAMES", "Trackable", "fill_store", "forget_train_function",
+           "horovod_allreduce_grads_fn", "new_train_function", "parent_trackable_children",
+           "patch_method", "plain_optimizer_class", "read_store", "refuse_xla", "restore_method",
+           "set_train_function", "track_child"]
+
+#: Methods of the plugin's own classes that keep a private name because TensorFlow or Horovod
+#: call them by it, on either Keras generation: (class, name, caller). Each adapter's
+#: ``HOOK_NAMES`` adds those Keras itself calls.
+SHARED_HOOK_NAMES: tuple[tuple[str, str, str], ...] = (
+    ("DistributedMixin", "_trackable_children", "TF checkpointing asks a Trackable for them"),
+    ("DistributedMixin", "_agg_helper", "Horovod's attribute (backward_passes_per_step)"),
+    ("ShardedCheckpoint", "_serialize_to_tensors", "TF checkpoint saving"),
+    ("ShardedCheckpoint", "_restore_from_tensors", "TF checkpoint restoring"),
+)
+
 #: TF's base of checkpointable objects (no public alias): ``ShardedCheckpoint`` subclasses it
 #: to save its own tensors via the ``_serialize_to_tensors`` hooks of ``HOOK_NAMES``.
 Trackable = _trackable.Trackable

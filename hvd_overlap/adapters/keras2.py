@@ -15,21 +15,9 @@ from typing import Any
 
 import tensorflow as tf
 
-from hvd_overlap.adapters.common import (  # noqa: F401 -- the shared half of the interface
-    Trackable,
-    fill_store,
-    forget_train_function,
-    horovod_allreduce_grads_fn,
-    new_train_function,
-    parent_trackable_children,
-    patch_method,
-    plain_optimizer_class,
-    read_store,
-    refuse_xla,
-    restore_method,
-    set_train_function,
-    track_child,
-)
+# the shared half of the interface (``common.__all__``), re-exported
+from hvd_overlap.adapters.common import *  # noqa: F403
+from hvd_overlap.adapters.common import SHARED_HOOK_NAMES
 from hvd_overlap.adapters.generation import other_generation_message
 
 #: the Keras generation this adapter serves
@@ -139,13 +127,9 @@ def read_value(v: Any) -> tf.Tensor:
 
 #: Methods and properties of the plugin's own classes that keep a private name because Keras,
 #: TensorFlow or Horovod call them by it (their bodies call this module): (class, name, caller).
-HOOK_NAMES: tuple[tuple[str, str, str], ...] = (
-    ("DistributedMixin", "_trackable_children", "TF checkpointing asks a Trackable for them"),
+HOOK_NAMES: tuple[tuple[str, str, str], ...] = SHARED_HOOK_NAMES + (
     ("DistributedMixin", "_apply_weight_decay", "Keras 2.11+ Optimizer.apply_gradients"),
     ("DistributedMixin", "_compute_gradients", "legacy Optimizer.minimize; Horovod's name"),
-    ("DistributedMixin", "_agg_helper", "Horovod's attribute (backward_passes_per_step)"),
-    ("ShardedCheckpoint", "_serialize_to_tensors", "TF checkpoint saving"),
-    ("ShardedCheckpoint", "_restore_from_tensors", "TF checkpoint restoring"),
 )
 
 

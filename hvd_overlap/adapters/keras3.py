@@ -25,21 +25,9 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from hvd_overlap.adapters.common import (  # noqa: F401 -- the shared half of the interface
-    Trackable,
-    fill_store,
-    forget_train_function,
-    horovod_allreduce_grads_fn,
-    new_train_function,
-    parent_trackable_children,
-    patch_method,
-    plain_optimizer_class,
-    read_store,
-    refuse_xla,
-    restore_method,
-    set_train_function,
-    track_child,
-)
+# the shared half of the interface (``common.__all__``), re-exported
+from hvd_overlap.adapters.common import *  # noqa: F403
+from hvd_overlap.adapters.common import SHARED_HOOK_NAMES
 from hvd_overlap.adapters.generation import other_generation_message
 
 #: the Keras generation this adapter serves
@@ -50,13 +38,9 @@ KERAS_VERSIONS: tuple[str, ...] = ("3.15",)
 
 #: Methods and properties of the plugin's own classes that keep a private name because Keras,
 #: TensorFlow or Horovod call them by it (their bodies call this module): (class, name, caller).
-HOOK_NAMES: tuple[tuple[str, str, str], ...] = (
-    ("DistributedMixin", "_trackable_children", "TF checkpointing asks a Trackable for them"),
+HOOK_NAMES: tuple[tuple[str, str, str], ...] = SHARED_HOOK_NAMES + (
     ("DistributedMixin", "_apply_weight_decay", "Keras 3 Optimizer.apply"),
     ("DistributedMixin", "_compute_gradients", "Horovod's name (Keras 3 never calls it)"),
-    ("DistributedMixin", "_agg_helper", "Horovod's attribute (backward_passes_per_step)"),
-    ("ShardedCheckpoint", "_serialize_to_tensors", "TF checkpoint saving"),
-    ("ShardedCheckpoint", "_restore_from_tensors", "TF checkpoint restoring"),
 )
 
 _SHARDING = ("the sharded update is not available on Keras 3 yet (its optimizer-slot handling "

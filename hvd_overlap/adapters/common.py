@@ -16,7 +16,7 @@ from tensorflow.python.trackable import base as _trackable
 __all__ = ["SHARED_HOOK_NAMES", "Trackable", "fill_store", "forget_train_function",
            "horovod_allreduce_grads_fn", "new_train_function", "parent_trackable_children",
            "patch_method", "plain_optimizer_class", "read_store", "refuse_xla", "restore_method",
-           "set_train_function", "track_child"]
+           "set_train_function", "track_child", "wrapped_optimizer"]
 
 #: Methods of the plugin's own classes that keep a private name because TensorFlow or Horovod
 #: call them by it, on either Keras generation: (class, name, caller). Each adapter's
@@ -80,6 +80,15 @@ def restore_method(obj: Any, name: str, previous: Any = None) -> None:
         setattr(obj, name, previous)
     elif name in vars(obj):
         delattr(obj, name)
+
+
+def wrapped_optimizer(opt: Any) -> Any:
+    """The plugin's optimizer behind a model's ``optimizer``: itself, or, with Keras 2 mixed
+    precision, the one inside the ``LossScaleOptimizer`` that ``compile`` wrapped around it (on
+    Keras 3 the plugin's optimizer is the loss-scale optimizer itself)."""
+    if hasattr(opt, "register_bucket_method"):
+        return opt
+    return getattr(opt, "inner_optimizer", opt)
 
 
 def new_train_function(model: Any) -> Any:

@@ -9,6 +9,7 @@ from typing import Any
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
+from hvd_overlap.adapters import keras_api
 from hvd_overlap.comm import collectives
 from hvd_overlap.core import mutants
 from hvd_overlap.growth.policy import BatchGrowth, Growth
@@ -127,9 +128,7 @@ class BatchSizeScheduler(tf.keras.callbacks.Callback):
         steps the new batch will run (None: unknown) and by what factor it grew."""
         if mutants.off("reconsider"):
             return
-        opt = self.model.optimizer
-        if not hasattr(opt, "register_bucket_method"):  # Keras 2 mixed precision: compile's
-            opt = getattr(opt, "inner_optimizer", opt)   # LossScaleOptimizer around ours
+        opt = keras_api.wrapped_optimizer(self.model.optimizer)
         reconsider = getattr(opt, "reconsider", None)
         if reconsider is None:
             return

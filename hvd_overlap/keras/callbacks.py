@@ -56,11 +56,7 @@ class OverlapCallback(keras_api.keras.callbacks.Callback):
         self._epoch_steps: list[float] = []  # this epoch's step times (s)
 
     def _optimizer(self):
-        opt = getattr(self.model, "optimizer", None)
-        if not hasattr(opt, "register_bucket_method"):
-            # Keras 2 mixed precision: compile wraps ours in a LossScaleOptimizer (on Keras 3
-            # ours is the loss-scale optimizer)
-            opt = getattr(opt, "inner_optimizer", opt)
+        opt = keras_api.wrapped_optimizer(getattr(self.model, "optimizer", None))
         return opt if getattr(opt, "defers", False) else None
 
     def on_train_begin(self, logs=None):

@@ -4,6 +4,10 @@ collective, naming the fix. The 2-rank exactness tests are tests/multirank/test_
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -131,3 +135,31 @@ def test_doctor_names_keras_3_and_what_it_cannot_run():
         in report, report
     assert "run here: horovod, layerwise, deferred, hybrid, auto" in report, report
     assert "the dense factor exchange is not available on Keras 3 yet" in report, report
+
+
+NO_TF_KERAS_JOB = """
+import sys
+sys.modules["tf_keras"] = None  # `import tf_keras` now fails, as where it is not installed
+import numpy as np
+import horovod.tensorflow as hvd
+import keras
+import hvd_overlap.keras as hvdo
+from hvd_overlap.adapters import keras_api
+hvd.init()
+keras.utils.set_random_seed(0)
+model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+model.compile(hvdo.DistributedOptimizer(keras.optimizers.Adam(0.1), strategy="layerwise"), "mse")
+x = np.ones((8, 3), "float32")
+model.fit(x, np.zeros((8, 2), "float32"), batch_size=4, verbose=0)
+print("generation", keras_api.GENERATION, "steps", int(model.optimizer.iterations.numpy()))
+"""
+
+
+def test_the_plugin_never_needs_tf_keras(tmp_path):
+    """Where tf-keras is not installed (hidden here: the whole run's TF 2.18 venv has it), the
+    plugin imports, picks the Keras 3 adapter and trains."""
+    env = {k: v for k, v in os.environ.items() if k != "TF_USE_LEGACY_KERAS"}
+    done = subprocess.run([sys.executable, "-c", NO_TF_KERAS_JOB], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "generation 3 steps 2" in done.stdout, done.stdout

@@ -116,7 +116,8 @@ def bench(model: str, np_: int, batch_size: int, steps: int, warmup: int, rounds
                    f"{pick['steps']} untimed steps ({pick['seconds']:.1f} s); measured "
                    + ", ".join(f"{k} {v:.1f} ms" for k, v in pick["measured_ms"].items())
                    + "".join(f"; again: {k} {v:.1f} ms"
-                             for k, v in pick.get("confirmed_ms", {}).items()))
+                             for k, v in pick.get("confirmed_ms", {}).items())
+                   + report.model_compute_note(pick.get("model_compute_ms"), raw, summary))
     if (fits := report.whole_fit_lines(raw)):
         click.echo(fits)
     if json_path:

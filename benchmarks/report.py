@@ -51,6 +51,20 @@ from hvd_overlap.tools.timeline import GATHER_OPS
 Summary = dict[str, dict[str, Any]]
 
 
+def model_compute_note(model_ms: float | None, raw: dict[str, Any], summary: Summary) -> str:
+    """``auto``'s model's compute per step (timed in its probe's steps) beside this run's
+    compute-only step, for the printed line of each round's choice."""
+    from benchmarks import regime
+
+    if model_ms is None:
+        return ""
+    steps = {s: m["step_time_s"] for s, m in summary.items()}
+    alone = regime.compute_only_s(raw, steps)
+    return f"; its model's compute {model_ms:.1f} ms" + (
+        f" ({model_ms / (alone * 1e3):.2f}x the compute-only step, {alone * 1e3:.1f} ms)"
+        if alone else "")
+
+
 def summarize(raw: dict[str, Any]) -> Summary:
     """The per-strategy numbers, keyed by strategy, in the order measured."""
     from benchmarks import regime

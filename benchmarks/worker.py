@@ -223,7 +223,12 @@ def settle(trainee: Trainee, data: tf.data.Dataset, ran: int = 0,
             "extra_s": ex.settling_extra_s, "choice": ex.current.describe(),
             "keywords": ex.current.factory_keywords(), "log": ex.log,
             "measured_ms": _ms(ex.measured),
-            "confirmed_ms": _ms(ex.confirmed)}
+            "confirmed_ms": _ms(ex.confirmed),
+            # the compute of the step auto's model started from (timed in its probe's steps,
+            # or fitted to the probe's step where not timed): the bench prints it beside the
+            # compute-only step
+            "model_compute_ms": (1e3 * ex.chooser.fitted[0].compute_s
+                                 if ex.chooser.fitted is not None else None)}
 
 
 class FitClock(tf.keras.callbacks.Callback):

@@ -1,6 +1,7 @@
 """The plan ``strategy="auto"`` would choose: every candidate the simulator can predict, fastest
 first. The run-time half (``hvd_overlap.keras.executors.auto``) builds a profile of the real
-model here (``profile_from_specs``, its compute fitted to a measured step by ``fit_compute``),
+model here (``profile_from_specs``, its compute scaled to the compute timed in the probe's
+steps, or fitted to a measured step by ``fit_compute`` where none was timed),
 ranks the candidates, and measures the first ones (``trial_order``) before keeping the fastest
 (``pick``).
 

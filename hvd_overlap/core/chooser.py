@@ -147,17 +147,20 @@ class Chooser:
     def trials_from(self, ranked: Sequence[tuple[Strategy, StepResult]],
                     probe_s: float) -> list[Strategy]:
         """The trials to measure from the simulator's ranking: those predicted
-        ``predicted_gain`` faster than the probe's ``probe_s``, one of each kind."""
+        ``predicted_gain`` faster than the probe, one of each kind. Against the probe's own
+        prediction where the ranking has it (with the compute measured, the simulator's
+        step of the probe need not be its measured ``probe_s``), else against ``probe_s``."""
         self.predicted = {c: r.step_s for c, r in ranked}
-        self.predicted.setdefault(self.probe, probe_s)
+        base = self.predicted.setdefault(self.probe, probe_s)
         worth = [(c, r) for c, r in ranked
-                 if not keep_unless_faster(r.step_s, probe_s, self.predicted_gain)]
+                 if not keep_unless_faster(r.step_s, base, self.predicted_gain)]
         order = autoplan.trial_order(worth, self.probe)
         if not order:
             best, result = next(((c, r) for c, r in ranked if c != self.probe),
                                 (self.probe, None))
             self.reason = (f"no plan predicted {self.predicted_gain:.0%} faster than "
-                           f"{self.probe.describe()} {probe_s * 1e3:.1f} ms/step" + (
+                           f"{self.probe.describe()} ({base * 1e3:.1f} ms predicted, "
+                           f"{probe_s * 1e3:.1f} ms/step measured)" + (
                                f" (best: {best.describe()} {result.step_s * 1e3:.1f} ms)"
                                if result is not None else "") + ": nothing to measure")
         return order
@@ -228,6 +231,11 @@ class Chooser:
         self.choices.append({"why": self.trigger, "chosen": choice.describe(),
                              "reason": self.reason, "steps": steps, "seconds": seconds})
         self._say(f"{self.label} chose {choice.describe()}: {self.reason}")
+
+    @property
+    def probing(self) -> bool:
+        """The probe's first trial runs (the steps the model's compute is timed in)."""
+        return not self.settled and self.queue is None and self.current == self.probe
 
     def settle(self, choice: Strategy) -> None:
         self.chose(choice, self.settling_steps, self.settling_s)

@@ -164,6 +164,24 @@ def test_nothing_predicted_faster_enough_is_not_measured(monkeypatch):
     assert_weights_close(got, stock_reference("cnn_bn", "sgd_momentum"))
 
 
+def test_the_probe_times_its_compute_inside_its_steps(monkeypatch):
+    """The model ``auto`` ranks with starts from the compute timed in the probe's steps (from
+    the step's start to its last gradient), a part of each step, the same on every rank."""
+    monkeypatch.setattr(auto, "PREDICTED_GAIN", 0.99)
+    wrap = auto_with()
+    got = train_fit("cnn_bn", "sgd_momentum", wrap, epochs=EPOCHS)
+    ex = wrap.made[0]._hvdo
+    assert ex.settled and ex.current == ex.probe, ex.log
+    samples = ex.compute_clock.samples
+    assert samples and all(s > 0 for s in samples), samples
+    assert ex.compute_clock.median() < 1.2 * ex.measured[ex.probe], (samples, ex.measured)
+    assert "(compute measured: " in ex.log[0], ex.log[0]
+    model_compute = hvd_tf.allgather_object(ex.chooser.fitted[0].compute_s,
+                                            name="test.auto.model_compute")
+    assert len(set(model_compute)) == 1  # agreed: every rank ranks the same
+    assert_weights_close(got, stock_reference("cnn_bn", "sgd_momentum"))
+
+
 def test_the_link_probe_times_each_collective_the_plans_use():
     from hvd_overlap.comm.link import cluster_of, measure_link
 

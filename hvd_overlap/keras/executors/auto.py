@@ -24,7 +24,6 @@ import tensorflow as tf
 
 from hvd_overlap.comm.link import agree
 from hvd_overlap.comm.methods import Grad, GradientMethod, SliceMethod
-from hvd_overlap.comm.planner import Planner
 from hvd_overlap.core import autoplan, mutants
 from hvd_overlap.core.chooser import (  # noqa: F401 -- tests set them here
     CLEAR_GAIN,
@@ -42,6 +41,7 @@ from hvd_overlap.keras.exchange_choice import DenseExchanges
 from hvd_overlap.keras.executors.auto_pool import exchange_blocker
 from hvd_overlap.keras.executors.auto_ranking import rank_trials
 from hvd_overlap.keras.executors.base import Executor, Plain
+from hvd_overlap.keras.executors.compute_clock import ComputeClock
 from hvd_overlap.keras.executors.forward_phase import ForwardPhase
 from hvd_overlap.keras.executors.mirrored import MirroredShardedExecutor
 from hvd_overlap.keras.executors.sharded import ShardedExecutor
@@ -84,6 +84,8 @@ class AutoExecutor(Executor):
         self._dense = DenseExchanges(AUTO, settings, self._in_patched_step)
         self._traced_dense_path: bool | None = None  # _dense_path when last traced
         self.left_out: list[str] = []  # plans not considered, and why (said in the plan)
+        #: the probe's compute, timed inside its steps (the simulator's model starts from it)
+        self.compute_clock = ComputeClock()
 
     # -- the executor in use ---------------------------------------------------------------
 
@@ -101,13 +103,9 @@ class AutoExecutor(Executor):
             made.exchange.adopt(self._dense.layers)
         return made
 
-    @property
-    def strategy(self) -> str:
-        return "auto"
-
-    @property
-    def defers_now(self) -> bool:
-        return self.child().defers_now
+    strategy = property(lambda self: "auto")
+    defers_now = property(lambda self: self.child().defers_now)
+    planner = property(lambda self: self.child().planner)
 
     @property
     def last_plan(self) -> Plan | None:
@@ -122,10 +120,6 @@ class AutoExecutor(Executor):
         note = f"{self.label}: {self.current.describe()} -- {self.reason}"
         left = tuple(f"{self.label} left out {why}" for why in self.left_out)
         return replace(plan, notes=plan.notes + (note,) + left)
-
-    @property
-    def planner(self) -> Planner:  # type: ignore[override]
-        return self.child().planner
 
     def set_method(self, method: GradientMethod | SliceMethod) -> None:
         raise ValueError("strategy='auto' chooses how buckets travel; to register a bucket "
@@ -163,6 +157,8 @@ class AutoExecutor(Executor):
         if current_step() is None:  # not a plugin-made step body: no pre-forward phase
             self._unphased.warn_once(f"it cannot time its plans: it keeps "
                                      f"{self.current.describe()}")
+        elif gradients is Gradients.LOCAL:  # (global ones were sent already: no compute alone)
+            self.compute_clock.gradients_ready(grads)
         return self.child().apply_gradients(grads, variables, args, kwargs,
                                             gradients=gradients)
 
@@ -170,6 +166,8 @@ class AutoExecutor(Executor):
         return self.child().reduce_now(grads, variables)
 
     def pre_forward(self, landing: bool = False) -> None:
+        if not landing and self.chooser.probing:  # its steps time their compute
+            self.compute_clock.start()
         self.child().pre_forward(landing)
 
     def flush(self) -> None:
@@ -238,11 +236,10 @@ class AutoExecutor(Executor):
         if self.chooser.settled:
             return
         traced, self._seen_traces = traced_steps() != self._seen_traces, traced_steps()
+        self.compute_clock.step_ended(counted=usable and not traced and self.chooser.probing)
         self.chooser.observe(seconds, usable, traced)
 
-    @property
-    def checking(self) -> bool:
-        return not self.chooser.settled
+    checking = property(lambda self: not self.chooser.settled)
 
     def _agree(self, values: list[float]) -> list[float]:
         self._decisions += 1

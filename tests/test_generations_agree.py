@@ -7,9 +7,6 @@ Where both tf-keras and Keras 3 are installed (the TF 2.18 venv), one ``horovodr
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from importlib.util import find_spec
 from pathlib import Path
 
@@ -17,9 +14,8 @@ import numpy as np
 import pytest
 
 from tests.jobs import generations_agree as job
+from tests.launch import ROOT, horovodrun
 
-ROOT = Path(__file__).parents[1]
-LOCK = "/tmp/hvdo-multirank.lock"  # one multi-rank launch at a time on the shared machine
 TOLERANCE = {"rtol": 1e-5, "atol": 1e-6}
 
 pytestmark = pytest.mark.skipif(
@@ -31,21 +27,9 @@ pytestmark = pytest.mark.skipif(
 def _train(out: Path, legacy: bool) -> None:
     """Every case on 2 ranks with tf-keras (``legacy``) or Keras 3 as ``tf.keras``."""
     out.mkdir()
-    env = {k: v for k, v in os.environ.items() if k != "TF_USE_LEGACY_KERAS"}
-    env.update({"TF_CPP_MIN_LOG_LEVEL": "2", "TF_NUM_INTRAOP_THREADS": "1",
-                "TF_NUM_INTEROP_THREADS": "2", "HOROVOD_STALL_CHECK_TIME_SECONDS": "30",
-                "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "55",
-                "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [
-                    env.get("PYTHONPATH")])])})
-    if legacy:
-        env["TF_USE_LEGACY_KERAS"] = "1"
-    horovodrun = Path(sys.executable).with_name("horovodrun")
-    done = subprocess.run(
-        ["flock", LOCK, "timeout", "--kill-after=10", "240", str(horovodrun), "-np", "2",
-         "-H", "localhost:2", "--gloo", sys.executable, str(ROOT / "tests/jobs/"
-                                                            "generations_agree.py"), str(out)],
-        capture_output=True, text=True, env=env, cwd=ROOT, timeout=900)  # lock wait too
-    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    horovodrun(2, ROOT / "tests" / "jobs" / "generations_agree.py", str(out), limit_s=240,
+               env={"TF_USE_LEGACY_KERAS": "1"} if legacy else None,
+               unset=() if legacy else ("TF_USE_LEGACY_KERAS",))
 
 
 @pytest.fixture(scope="module")

@@ -11,9 +11,6 @@ the N-rank global batches must give the weights and iteration count the N ranks 
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +18,7 @@ import pytest
 
 from hvd_overlap.adapters import keras_api
 from tests.jobs import keras3_resume as job
+from tests.launch import horovodrun
 
 pytestmark = pytest.mark.skipif(
     keras_api.GENERATION != 3,
@@ -29,22 +27,11 @@ pytestmark = pytest.mark.skipif(
 ROOT = Path(__file__).parents[1]
 JOB = ROOT / "tests" / "jobs" / "keras3_resume.py"
 STRATEGIES = ("layerwise", "hybrid", "deferred")
-LOCK = "/tmp/hvdo-multirank.lock"  # one multi-rank launch at a time on the shared machine
 TOLERANCE = {"rtol": 1e-5, "atol": 1e-6}
 
 
 def _launch(ranks: int, *args: str) -> None:
-    """``horovodrun -np ranks`` of the job, under the shared lock and an outer timeout."""
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "TF_NUM_INTRAOP_THREADS": "1",
-           "TF_NUM_INTEROP_THREADS": "1" if ranks > 2 else "2", "PYTHONPATH": os.pathsep.join(
-               [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
-           "HOROVOD_STALL_CHECK_TIME_SECONDS": "30", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "55"}
-    horovodrun = Path(sys.executable).with_name("horovodrun")
-    done = subprocess.run(
-        ["flock", LOCK, "timeout", "--kill-after=10", "180", str(horovodrun), "-np", str(ranks),
-         "-H", f"localhost:{ranks}", "--gloo", sys.executable, str(JOB), *args],
-        capture_output=True, text=True, env=env, cwd=ROOT, timeout=900)  # lock wait too
-    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    horovodrun(ranks, JOB, *args)
 
 
 def _fit_plain(model, phase: str, ranks: int) -> None:

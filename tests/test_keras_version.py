@@ -48,20 +48,19 @@ def _stand_in(monkeypatch, package: str, version: str, name: str = "Adam"):
     return type(name, (), {"__module__": f"{package}.src.optimizers.adam"})()
 
 
-def test_a_keras_3_object_under_keras_2_is_refused_naming_both_fixes(monkeypatch):
-    adam = _stand_in(monkeypatch, "keras", "3.6.0")
-    message = generation.other_generation_message(adam, running=2)
+@pytest.mark.parametrize("version, running, said, fixes", [
+    ("3.6.0", 2, "Keras 3 object (keras 3.6.0)",
+     ("tf.keras.optimizers.Adam", "unset TF_USE_LEGACY_KERAS")),
+    ("2.15.0", 3, "Keras 2 object (keras 2.15.0)",
+     ("keras.optimizers.Adam", "TF_USE_LEGACY_KERAS=1")),
+], ids=["keras_3_object_under_keras_2", "keras_2_object_under_keras_3"])
+def test_an_object_of_the_other_generation_is_refused_naming_both_fixes(
+        monkeypatch, version, running, said, fixes):
+    adam = _stand_in(monkeypatch, "keras", version)
+    message = generation.other_generation_message(adam, running=running)
     assert message is not None
-    assert "Keras 3 object (keras 3.6.0)" in message
-    assert "tf.keras.optimizers.Adam" in message and "unset TF_USE_LEGACY_KERAS" in message
-
-
-def test_a_keras_2_object_under_keras_3_is_refused_naming_both_fixes(monkeypatch):
-    adam = _stand_in(monkeypatch, "keras", "2.15.0")
-    message = generation.other_generation_message(adam, running=3)
-    assert message is not None
-    assert "Keras 2 object (keras 2.15.0)" in message
-    assert "keras.optimizers.Adam" in message and "TF_USE_LEGACY_KERAS=1" in message
+    assert said in message
+    assert all(fix in message for fix in fixes), message
 
 
 def test_objects_of_the_running_generation_or_of_no_keras_pass(monkeypatch):

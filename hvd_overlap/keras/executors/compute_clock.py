@@ -62,9 +62,11 @@ class ComputeClock:
         return ready - start
 
     def step_ended(self, counted: bool) -> None:
-        """After a step: its compute joins ``samples`` if ``counted`` (and it was timed)."""
-        took = self.take()
-        if took is not None and counted:
+        """After a step: its compute joins ``samples`` if ``counted`` (and it was timed). A
+        step not counted is not read (no host read on the other trials' steps): every step
+        of the probe stamps the clock again, so a counted one reads its own."""
+        took = self.take() if counted else None
+        if took is not None:
             self.samples.append(took)
 
     def median(self) -> float | None:

@@ -108,7 +108,7 @@ def bench(model: str, np_: int, batch_size: int, steps: int, warmup: int, rounds
         raw["regime"] = chosen
     summary = report.summarize(raw)
     click.echo(report.headline(raw))
-    click.echo(report.format_table(summary))
+    click.echo(report.format_table(summary, stand_in=bool(raw.get("stock_stand_in"))))
     if (line := report.regime_line(raw, summary)):
         click.echo(line)
     for pick in raw.get("auto_choices", []):

@@ -48,6 +48,24 @@ def plugin_options(name: str) -> tuple[str, dict[str, object]]:
     return chosen.name, chosen.keywords()
 
 
+def keras_generation() -> int:
+    """2 or 3: the Keras generation ``tf.keras`` is in this process (read from the package it
+    resolves to, without importing the plugin)."""
+    import sys
+
+    import tensorflow as tf
+
+    package = sys.modules.get(tf.keras.__name__.split(".")[0])
+    return 3 if str(getattr(package, "__version__", "2")).startswith("3") else 2
+
+
+#: what the report says where ``stock`` ran the plugin's stand-in (Keras 3)
+STAND_IN = ("stock on Keras 3 is a stand-in: the plugin's `horovod` strategy (stock's fusion "
+            "through the plugin), because Horovod's own Keras optimizer averages no gradients "
+            "on Keras 3; docs/keras3.md gives how far that stand-in is from real stock on "
+            "Keras 2")
+
+
 def is_clean_group(strategies: Iterable[str]) -> bool:
     """True if these strategies all run in the clean (plugin-free) baseline process."""
     return {base_name(s) for s in strategies} <= set(CLEAN)

@@ -197,6 +197,7 @@ def merge(cfg: BenchConfig, launches: list[dict[str, Any]],
                                for s, check in (raw.get("exchange_checks") or {}).items()],
             "clean_baseline": all(raw["clean_process"] for raw in launches
                                   if is_clean_group(raw["strategies"])),
+            "stock_stand_in": any(raw.get("stock_stand_in") for raw in launches),
             "pinned": all(raw["pinned"] for raw in launches),
             "load_avg_1min": max(raw["load_avg_1min"] for raw in launches),
             "versions": first["versions"], "threads": first["threads"]}

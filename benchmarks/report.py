@@ -45,7 +45,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from benchmarks.config import LOCAL, STOCK, base_name
+from benchmarks.config import LOCAL, STAND_IN, STOCK, base_name
 from hvd_overlap.tools.timeline import GATHER_OPS
 
 Summary = dict[str, dict[str, Any]]
@@ -221,12 +221,14 @@ def headline(raw: dict[str, Any]) -> str:
                else "median over rounds of the mean step")
             + (f"; host load {raw['load_avg_1min']:.1f} at the end" if "load_avg_1min" in raw
                else "")
-            + ("" if raw.get("clean_baseline", True) else
+            + (f"; {STAND_IN}" if raw.get("stock_stand_in") else
+               "" if raw.get("clean_baseline", True) else
                "; WARNING: stock ran in the plugin's process (not a clean baseline)"))
 
 
-def format_table(summary: Summary) -> str:
-    """Fixed-width table, one row per strategy."""
+def format_table(summary: Summary, stand_in: bool = False) -> str:
+    """Fixed-width table, one row per strategy (``stand_in``: ``stock`` ran the plugin's
+    stand-in, Keras 3)."""
     w = max(10, *(len(s) for s in summary))
     bounds = any(m.get("bound_s") is not None for m in summary.values())
     lines = [f"{'strategy':<{w}} {'samples/s':>10} {'step ms':>9} {'vs stock':>10} "
@@ -246,8 +248,11 @@ def format_table(summary: Summary) -> str:
                      f"{_num(m.get('slot_mib'), '.1f'):>9}"
                      + (f" {_num(m['bound_s'] and m['bound_s'] * 1e3, '.0f'):>8}" if bounds
                         else ""))
-    lines.append("vs stock: real stock Horovod's step time (hvd.DistributedOptimizer in a process "
-                 "that never imported the plugin) / this; efficiency: local (no communication) "
+    lines.append(("vs stock: the stand-in's step time (the plugin's `horovod`) / this"
+                  if stand_in else
+                  "vs stock: real stock Horovod's step time (hvd.DistributedOptimizer in a "
+                  "process that never imported the plugin) / this")
+                 + "; efficiency: local (no communication) "
                  "step time / this; MiB/step: gradient bytes reduced per step; sent MiB: what "
                  "rank 0 sent per step (Horovod timeline: each collective's size x its "
                  "algorithm's share; alltoalls are not logged); link MiB: what rank 0's link "

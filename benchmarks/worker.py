@@ -39,6 +39,7 @@ from benchmarks.config import (
     BenchConfig,
     base_name,
     is_clean_group,
+    keras_generation,
     plugin_options,
 )
 from benchmarks.netns import link_bytes_sent
@@ -160,7 +161,11 @@ class Trainee:
         opt = tf.keras.optimizers.SGD(0.01, momentum=0.9)
         self.callbacks: list[tf.keras.callbacks.Callback] = []
         strategy = base_name(strategy)  # a replica (stock#2) runs its strategy
-        if strategy == STOCK:
+        if strategy == STOCK and keras_generation() == 3:  # (STAND_IN)
+            import hvd_overlap.keras as hk
+
+            opt = hk.DistributedOptimizer(opt, strategy="horovod")
+        elif strategy == STOCK:
             import horovod.tensorflow.keras as hvd_keras
 
             opt = hvd_keras.DistributedOptimizer(opt)
@@ -331,9 +336,10 @@ def optimizer_state_bytes(opt: Any) -> dict[str, int]:
     """Bytes this rank's optimizer keeps besides the model: its slots (momentum, moments...)
     and, for ``sharded``, its parameter slices (the update targets)."""
     def nbytes(vs: Any) -> int:
-        return sum(int(np.prod(v.shape)) * v.dtype.size for v in vs)
+        return sum(int(np.prod(v.shape)) * tf.as_dtype(v.dtype).size for v in vs)
 
-    slots = [v for v in opt.variables() if v is not opt.iterations and v.shape.rank]
+    variables = opt.variables() if callable(opt.variables) else opt.variables  # (Keras 3)
+    slots = [v for v in variables if v is not opt.iterations and len(v.shape)]
     slices: list = []
     if hasattr(opt, "slice_variables"):  # the plugin's (non-empty for sharded)
         slices, slice_slots = opt.slice_variables()
@@ -421,9 +427,10 @@ def run(job: Job) -> dict[str, Any] | None:
             progress(f"round {job.round + 1}/{cfg.rounds} {s:<14} {times[s] * 1e3:8.1f} ms/step")
     memory = {s: optimizer_state_bytes(t.model.optimizer) for s, t in trainees.items()}
     loaded = plugin_modules()
+    stand_in = keras_generation() == 3
     baseline = is_clean_group(names)
     clean = baseline and not loaded
-    if baseline and loaded:
+    if baseline and loaded and not stand_in:
         raise RuntimeError(f"the baseline process loaded the plugin's modules {loaded}: the "
                            "stock baseline would not be clean")
     if rank != 0:
@@ -437,6 +444,7 @@ def run(job: Job) -> dict[str, Any] | None:
             "auto": chosen, "exchange_checks": settled, "history_steps": history,
             "whole_fit": fits,
             "optimizer_state_bytes": memory, "clean_process": clean, "plugin_modules": loaded,
+            "stock_stand_in": stand_in,
             "pinned": pinned is not None, "load_avg_1min": os.getloadavg()[0],
             "horovod_env": {k: v for k, v in sorted(os.environ.items())
                             if k.startswith("HOROVOD_") and "RENDEZVOUS" not in k

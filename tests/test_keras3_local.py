@@ -48,6 +48,63 @@ def test_keras_3_optimizers_keep_the_internals_the_adapter_uses():
     assert keras_api.var_key(kernel) == keras_api.var_key(kernel), RECHECK
 
 
+def test_keras_3_names_and_lists_slots_as_the_sharded_update_reads_them():
+    """The sharded update builds the optimizer for its slice variables and finds each slot's
+    slice by name; a ``.keras`` file lists the head variables, then the slots."""
+    slices = [keras_api.make_variable(np.zeros([4], np.float32), f"hvdo_s{i}") for i in (1, 10)]
+    adam = keras.optimizers.Adam(0.1)
+    adam.build(slices)
+    owners = {keras_api.shared_name(v) for v in slices}
+    assert [keras_api.slot_of(v, owners) for v in keras_api.slot_variables(adam)] == [
+        ("momentum", "hvdo_s1"), ("velocity", "hvdo_s1"),
+        ("momentum", "hvdo_s10"), ("velocity", "hvdo_s10")], RECHECK
+    assert keras_api.head_variables(adam) == [adam.iterations, adam._learning_rate], RECHECK
+    assert adam.variables == keras_api.head_variables(adam) + keras_api.slot_variables(adam)
+    store: dict = {}
+    adam.save_own_variables(store)
+    assert len(store) == len(adam.variables), RECHECK
+    keras_api.hide_optimizer_variables(adam, {id(v) for v in keras_api.slot_variables(adam)})
+    assert adam.variables == keras_api.head_variables(adam), RECHECK
+    scheduled = keras.optimizers.SGD(keras.optimizers.schedules.ExponentialDecay(0.1, 2, 0.5))
+    assert keras_api.head_variables(scheduled) == [scheduled.iterations]
+
+
+def test_exclusions_from_weight_decay_survive_the_wrapping():
+    """``get_config`` leaves out ``exclude_from_weight_decay``; the wrapped copy keeps it."""
+    model = _model()
+    adamw = keras.optimizers.AdamW(0.1, weight_decay=0.1)
+    adamw.exclude_from_weight_decay(var_names=["bias"])
+    opt = hvdo.DistributedOptimizer(adamw, strategy="sharded")
+    kernel, bias = model.trainable_variables
+    assert keras_api.uses_weight_decay(opt, kernel)
+    assert not keras_api.uses_weight_decay(opt, bias)
+
+
+def test_a_sharded_model_saves_the_plain_optimizer_layout(tmp_path):
+    """One rank: the sharded update is the plain one; its ``.keras`` file loads into plain
+    Keras with the optimizer state plain Keras computes, and back into the plugin."""
+    x = np.linspace(-1, 1, 24, dtype=np.float32).reshape(8, 3)
+    y = x[:, :2] * 2.0
+    model, plain = _model(), _model()
+    model.compile(hvdo.DistributedOptimizer(keras.optimizers.Adam(0.1), strategy="sharded"),
+                  "mse")
+    plain.compile(keras.optimizers.Adam(0.1), "mse")
+    for m in (model, plain):
+        m.fit(x, y, batch_size=4, epochs=2, shuffle=False, verbose=0,
+              callbacks=[hvdo.OverlapCallback()] if m is model else [])
+    model.save(tmp_path / "m.keras")
+    loaded = keras.models.load_model(tmp_path / "m.keras")
+    assert len(loaded.optimizer.variables) == len(plain.optimizer.variables) == 2 + 2 * 2
+    for a, b in zip(loaded.optimizer.variables, plain.optimizer.variables, strict=True):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-6, err_msg=a.path)
+    back = hvdo.load_model(str(tmp_path / "m.keras"), strategy="sharded")
+    for m in (back, plain):
+        m.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0,
+              callbacks=[hvdo.OverlapCallback()] if m is back else [])
+    for a, b in zip(back.get_weights(), plain.get_weights(), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+
+
 def test_make_train_function_stores_the_function_fit_reads():
     model = _model()
     model.compile("sgd", "mse")
@@ -81,7 +138,7 @@ def test_mixed_precision_puts_the_loss_scale_optimizer_inside():
     assert model.optimizer is opt
 
 
-@pytest.mark.parametrize("strategy", ["deferred", "hybrid", "auto"])
+@pytest.mark.parametrize("strategy", ["deferred", "hybrid", "sharded", "sharded_hybrid", "auto"])
 def test_mixed_precision_with_a_split_update_is_refused_or_left_out(strategy):
     keras.mixed_precision.set_global_policy("mixed_float16")
     try:
@@ -131,10 +188,9 @@ def test_doctor_names_keras_3_and_what_it_cannot_run():
 
     report = format_report(collect())
     assert "(Keras 3: the plugin's Keras 3 adapter)" in report, report
-    assert "refused: sharded, sharded_hybrid: the sharded update is not available on Keras 3" \
+    assert "run here: horovod, layerwise, deferred, hybrid, sharded, sharded_hybrid, auto" \
         in report, report
-    assert "run here: horovod, layerwise, deferred, hybrid, auto" in report, report
-    assert "the dense factor exchange is not available on Keras 3 yet" in report, report
+    assert "not available on Keras 3" not in report, report
 
 
 NO_TF_KERAS_JOB = """

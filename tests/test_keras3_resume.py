@@ -26,7 +26,7 @@ pytestmark = pytest.mark.skipif(
 
 ROOT = Path(__file__).parents[1]
 JOB = ROOT / "tests" / "jobs" / "keras3_resume.py"
-STRATEGIES = ("layerwise", "hybrid", "deferred")
+STRATEGIES = ("layerwise", "hybrid", "deferred", "sharded")
 TOLERANCE = {"rtol": 1e-5, "atol": 1e-6}
 
 

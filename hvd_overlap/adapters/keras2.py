@@ -10,9 +10,10 @@ version and that each attribute used here still exists, so it fails first, namin
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
+import numpy as np
 import tensorflow as tf
 
 # the shared half of the interface (``common.__all__``), re-exported
@@ -81,9 +82,9 @@ def split_update_problem(opt: Any, strategy: str) -> str | None:
 
 
 def generation_problem(opt: Any, strategy: str, *, shards: bool = False,
-                       exchanges: bool = False, splits: bool = False) -> str | None:
-    """What this Keras generation cannot run of ``strategy`` (sharding, exchanging, applying
-    the update in parts) with ``opt``: nothing on Keras 2."""
+                       splits: bool = False) -> str | None:
+    """What this Keras generation cannot run of ``strategy`` (sharding, applying the update in
+    parts) with ``opt``: nothing on Keras 2."""
     return None
 
 
@@ -174,15 +175,27 @@ def shared_name(var: tf.Variable) -> str:
     return var._shared_name
 
 
-def slot_of(v: tf.Variable) -> tuple[str, str]:
-    """(slot name, variable name) of a Keras 2.11+ optimizer variable named
-    ``[<optimizer>/]<slot>/<variable>``."""
+def slot_of(v: tf.Variable, owners: Collection[str]) -> tuple[str, str] | None:
+    """(slot name, owner) of a Keras 2.11+ optimizer variable named
+    ``[<optimizer>/]<slot>/<owner>`` if ``owner`` is one of ``owners`` (``shared_name``s),
+    else None."""
     prefix, _, var_name = v.name.split(":")[0].rpartition("/")
-    return prefix.rpartition("/")[2], var_name
+    return (prefix.rpartition("/")[2], var_name) if var_name in owners else None
+
+
+def make_variable(value: np.ndarray, name: str) -> tf.Variable:
+    """A variable the plugin keeps (a parameter slice, a stand-in): a ``tf.Variable``."""
+    return tf.Variable(value, trainable=False, name=name)
+
+
+def head_variables(opt: Any) -> list[tf.Variable]:
+    """The Keras 2.11+ optimizer's variables before its slots (``save_own_variables``'s
+    layout): ``iterations``."""
+    return [opt.iterations]
 
 
 def slot_variables(opt: Any) -> list[tf.Variable]:
-    """A built Keras 2.11+ optimizer's variables after its step counter: ``variables`` lists
+    """A built Keras 2.11+ optimizer's variables after ``head_variables``: ``variables`` lists
     ``iterations`` first, then the slots in ``build`` order (``save_own_variables``'s order)."""
     return list(opt.variables[1:])
 
@@ -203,6 +216,16 @@ def forget_legacy_slots(opt: Any, dropped: set[int]) -> None:
         return
     opt._slots = {k: d for k, d in opt._slots.items()
                   if not any(id(v) in dropped for v in d.values())}
+
+
+def carry_weight_decay_exclusions(source: Any, target: Any) -> None:
+    """What ``exclude_from_weight_decay`` set on ``source`` (variables, names), onto
+    ``target``: ``get_config`` leaves it out, so a copy made ``from_config`` (stock Horovod's
+    wrapper is one) would decay every variable."""
+    names = getattr(source, "_exclude_from_weight_decay_names", None)
+    if names or getattr(source, "_exclude_from_weight_decay", None):
+        target.exclude_from_weight_decay(var_list=list(source._exclude_from_weight_decay),
+                                         var_names=list(names or []))
 
 
 def uses_weight_decay(opt: Any, var: tf.Variable) -> bool:
@@ -241,6 +264,11 @@ def is_plain_dense(layer: Any) -> bool:
     that ``call`` with one computing the same, so a subclass's own ``call`` is left alone)."""
     return isinstance(layer, tf.keras.layers.Dense) and \
         type(layer).call is tf.keras.layers.Dense.call
+
+
+def all_layers(model: Any) -> list[Any]:
+    """``model`` and every layer inside it, nested ones too (``tf.Module.submodules``)."""
+    return [model, *model.submodules]
 
 
 def compute_dtype_object(layer: Any) -> tf.DType:

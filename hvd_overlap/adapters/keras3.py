@@ -12,8 +12,11 @@ How Keras 3 differs for the plugin, and what follows:
 - The loss-scale optimizer decides on the gradients it is given whether a step is skipped, so
   it must see global gradients: it goes inside the distributed optimizer (``compile`` then does
   not add its own), never around it.
-- Not ported yet: the sharded update's slot surgery and the dense factor exchange
-  (``generation_problem`` refuses them, naming the Keras 2 path).
+- The sharded update's slices are ``keras.Variable`` s, so that the optimizer builds their slots
+  (named ``<slice path>_<slot>``); ``head_variables`` (iteration, learning rate) lead the
+  ``.keras`` layout.
+- The dense factor exchange replaces Keras 3's ``Dense.call`` (``is_plain_dense``), which Keras
+  calls with a ``training`` argument.
 """
 
 from __future__ import annotations
@@ -30,6 +33,9 @@ from hvd_overlap.adapters.common import *  # noqa: F403
 from hvd_overlap.adapters.common import SHARED_HOOK_NAMES
 from hvd_overlap.adapters.generation import other_generation_message
 
+# the optimizer slots of the sharded update's slices, re-exported
+from hvd_overlap.adapters.keras3_slots import *  # noqa: F403
+
 #: the Keras generation this adapter serves
 GENERATION = 3
 #: the Keras 3 releases this adapter was checked with (with TensorFlow 2.18):
@@ -43,13 +49,11 @@ HOOK_NAMES: tuple[tuple[str, str, str], ...] = SHARED_HOOK_NAMES + (
     ("DistributedMixin", "_compute_gradients", "Horovod's name (Keras 3 never calls it)"),
 )
 
-_SHARDING = ("the sharded update is not available on Keras 3 yet (its optimizer-slot handling "
-             "is Keras 2's); use strategy='hybrid', 'deferred' or 'layerwise', or train with "
-             "tf-keras (Keras 2: pip install tf-keras and export TF_USE_LEGACY_KERAS=1)")
-_EXCHANGE = ("the dense factor exchange is not available on Keras 3 yet (it replaces Keras 2's "
-             "Dense.call); drop exchange= (or use strategy='hybrid', 'deferred' or 'layerwise'), "
-             "or train with tf-keras (Keras 2: pip install tf-keras and export "
-             "TF_USE_LEGACY_KERAS=1)")
+_NADAM_SHARDED = (
+    "Keras 3's Nadam keeps its momentum-schedule product in a variable beside its slots, which "
+    "the sharded update's per-slice state does not hold; use Adam (or another element-wise "
+    "optimizer) with strategy {strategy!r}, or Nadam with strategy='hybrid', 'deferred' or "
+    "'layerwise'")
 _LOSS_SCALE_PARTS = (
     "with mixed precision on Keras 3 the loss-scale optimizer decides, on the gradients of one "
     "apply call, whether the step is skipped and how the scale moves; strategy {strategy!r} "
@@ -109,14 +113,12 @@ def split_update_problem(opt: Any, strategy: str) -> str | None:
 
 
 def generation_problem(opt: Any, strategy: str, *, shards: bool = False,
-                       exchanges: bool = False, splits: bool = False) -> str | None:
-    """What Keras 3 cannot run of ``strategy`` (sharding, exchanging, applying the update in
-    parts) with ``opt``: the sharded update, the exchange, and a split update under a
-    loss-scale optimizer."""
-    if shards:
-        return _SHARDING
-    if exchanges:
-        return _EXCHANGE
+                       splits: bool = False) -> str | None:
+    """What Keras 3 cannot run of ``strategy`` (sharding, applying the update in parts) with
+    ``opt``: Nadam's sharded update, and a split update under a loss-scale
+    optimizer."""
+    if shards and isinstance(opt, keras.optimizers.Nadam):
+        return _NADAM_SHARDED.format(strategy=strategy)
     if splits and isinstance(opt, keras.optimizers.LossScaleOptimizer):
         return _LOSS_SCALE_PARTS.format(strategy=strategy)
     return None
@@ -215,25 +217,40 @@ def hyper_variables(opt: Any) -> list[Any]:
     return [lr] if isinstance(lr, keras.Variable | tf.Variable) else []
 
 
+def carry_weight_decay_exclusions(source: Any, target: Any) -> None:
+    """What ``exclude_from_weight_decay`` set on ``source`` (variable keys, a name pattern),
+    onto ``target``: ``get_config`` leaves it out, so a copy made ``from_config`` would decay
+    every variable."""
+    if hasattr(source, "_exclude_from_weight_decay"):
+        target._exclude_from_weight_decay = set(source._exclude_from_weight_decay)
+        target._exclude_from_weight_decay_pattern = getattr(
+            source, "_exclude_from_weight_decay_pattern", None)
+        target._exclude_from_weight_decay_cache = {}
+    inner = getattr(source, "inner_optimizer", None)  # (a loss-scale optimizer's)
+    if inner is not None:
+        carry_weight_decay_exclusions(inner, target.inner_optimizer)
+
+
 def uses_weight_decay(opt: Any, var: Any) -> bool:
     """``_use_weight_decay``: False for variables excluded from decoupled weight decay."""
     return opt._use_weight_decay(var)
 
 
-def _sharded_only(*_args: Any, **_kwargs: Any) -> Any:
-    raise NotImplementedError(_SHARDING)
-
-
-# the sharded state's slot surgery: refused before use on Keras 3 (``generation_problem``)
-create_legacy_slots = mark_unbuilt = shared_name = slot_of = slot_variables = _sharded_only
-hide_optimizer_variables = forget_legacy_slots = _sharded_only
-
-
 # -- graphs and layers ----------------------------------------------------------------------------
 
 def is_plain_dense(layer: Any) -> bool:
-    """False: the factor exchange does not replace Keras 3's ``Dense.call`` yet."""
-    return False
+    """True for a ``Dense`` layer whose ``call`` is Keras 3's own (``matmul``, bias,
+    activation), without LoRA or quantization (their kernels are not one variable): the factor
+    exchange replaces that ``call`` with one computing the same."""
+    return (isinstance(layer, keras.layers.Dense)
+            and type(layer).call is keras.layers.Dense.call
+            and not getattr(layer, "lora_enabled", False)
+            and getattr(layer, "quantization_mode", None) is None)
+
+
+def all_layers(model: Any) -> list[Any]:
+    """``model`` and every layer inside it, nested ones too (``_flatten_layers``)."""
+    return list(model._flatten_layers(include_self=True, recursive=True))
 
 
 def compute_dtype_object(layer: Any) -> tf.DType:

@@ -2,7 +2,8 @@
 
     NAME[+OPTION...]   e.g.  sharded+exchange+rows+alltoall,  hybrid+defer=2+bucket=8M
 
-OPTION is ``exchange`` (``exchange=always``), ``gather``/``rows`` (the exchanged kernels'
+OPTION is ``exchange`` (``exchange="auto"``: where the cost model says it pays) or
+``exchange=always``, ``gather``/``rows`` (the exchanged kernels'
 forward), ``alltoall`` (slices travel by alltoall), ``auto`` (``bucket_bytes="auto"``),
 ``ordered``, ``bucket=BYTES`` (``K``/``M`` suffixes), ``defer=N|auto``, ``groups=N``
 (stock Horovod's ``num_groups``) or ``shard=dense`` (only the exchange's dense kernels

@@ -59,8 +59,8 @@ def exchangeable_layers(model: Any) -> list[Any]:
 
 def _all_layers(model: Any) -> Iterable[Any]:
     seen: set[int] = set()
-    for layer in [model, *getattr(model, "submodules", ())]:
-        if id(layer) not in seen and isinstance(layer, tf.keras.layers.Layer):
+    for layer in keras_api.all_layers(model):
+        if id(layer) not in seen and isinstance(layer, keras_api.keras.layers.Layer):
             seen.add(id(layer))
             yield layer
 
@@ -110,10 +110,12 @@ class ExchangedDense:
 
     # -- the layer's call --------------------------------------------------------------------
 
-    def call(self, inputs: Any) -> Any:
+    def call(self, inputs: Any, **kwargs: Any) -> Any:
+        """``kwargs``: what Keras passes besides (Keras 3: ``training``; ``Dense`` ignores it)."""
         layer, step = self.layer, current_step()
         if not (tf.inside_function() and step is not None and self.in_train_step()):
-            return type(layer).call(layer, inputs)  # inference, tracing for export: Keras's own
+            # inference, tracing for export: Keras's own
+            return type(layer).call(layer, inputs, **kwargs)
         two_d = isinstance(inputs, tf.Tensor) and inputs.shape.rank == 2
         use = step.next_call(self)  # this call's number in the step (its collectives' names)
         self.calls = max(self.calls, step.calls(self))
@@ -126,7 +128,7 @@ class ExchangedDense:
         if not self.active:
             if two_d:
                 self.batch.assign(tf.shape(inputs, out_type=tf.int64)[0])
-            return type(layer).call(layer, inputs)
+            return type(layer).call(layer, inputs, **kwargs)
         dtype = keras_api.compute_dtype_object(layer)
         if inputs.dtype.base_dtype != dtype.base_dtype:
             inputs = tf.cast(inputs, dtype=dtype)

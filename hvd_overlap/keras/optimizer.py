@@ -112,6 +112,7 @@ def DistributedOptimizer(  # noqa: N802 -- same name as Horovod's factory
     )
     cls = distributed_class(type(optimizer), options, DistributedOptimizer)
     wrapped = super(DistributedMixin, cls).from_config(optimizer.get_config())
+    keras_api.carry_weight_decay_exclusions(optimizer, wrapped)  # (not in the config)
     plain = plain_methods(wrapped)
 
     def executor(c: Strategy) -> Executor:

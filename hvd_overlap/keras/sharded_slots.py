@@ -50,15 +50,16 @@ def legacy_slots(opt, variables: Sequence[tf.Variable]) -> list[dict[str, tf.Var
 
 def slots_by_slice(opt, params: dict[int, tf.Variable], made: Sequence[tf.Variable]
                    ) -> dict[int, dict[str, tf.Variable]]:
-    """Keras 2.11+ slots just ``made`` for the slice variables ``params``, by bucket and slot
-    name (a slot is named after its variable)."""
+    """Keras 2.11+ (and Keras 3) slots just ``made`` for the slice variables ``params``, by
+    bucket and slot name (a slot is named after its variable)."""
     owner = {keras_api.shared_name(p): b for b, p in params.items()}
     slots: dict[int, dict[str, tf.Variable]] = {b: {} for b in params}
     for v in made:
-        slot, var_name = keras_api.slot_of(v)
-        if var_name not in owner:
+        found = keras_api.slot_of(v, owner)
+        if found is None:
             raise TypeError(f"{type(opt).__name__} made variable {v.name} that is not a slot "
                             "of one parameter slice; the sharded strategy cannot split it")
+        slot, var_name = found
         slots[owner[var_name]][slot] = v
     return slots
 
@@ -103,11 +104,20 @@ def plain_order(plain_class: type, opt,
     slot is ever allocated."""
     plain = plain_class.from_config(opt.get_config())
     with plugin_state():
-        probes = [tf.Variable(tf.zeros([1], v.dtype), name=f"hvdo_probe{i}")
+        probes = [keras_api.make_variable(np.zeros([1], numpy_dtype(v)), f"hvdo_probe{i}")
                   for i, v in enumerate(variables)]
         plain.build(probes)
+    index = {keras_api.shared_name(p): i for i, p in enumerate(probes)}
     order = []
     for v in keras_api.slot_variables(plain):
-        slot, var_name = keras_api.slot_of(v)
-        order.append((slot, int(var_name[len("hvdo_probe"):]), float(v.numpy()[0])))
+        found = keras_api.slot_of(v, index)
+        if found is None:
+            raise TypeError(f"{plain_class.__name__} made variable {v.name} that is not a slot "
+                            "of one variable; its state cannot be saved per variable")
+        order.append((found[0], index[found[1]], float(v.numpy()[0])))
     return order
+
+
+def numpy_dtype(v: Any) -> np.dtype:
+    """A variable's dtype as numpy's (Keras 3 variables name theirs as a string)."""
+    return np.dtype(tf.as_dtype(v.dtype).as_numpy_dtype)

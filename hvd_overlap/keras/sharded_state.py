@@ -70,9 +70,8 @@ class ShardedState:
         with plugin_state():
             for b in layout.buckets:
                 arrays = {s.index: variables[s.index].numpy() for s in b.segments}
-                self.params[b.bucket] = tf.Variable(
-                    own_slice(b, arrays, rank), trainable=False,
-                    name=f"{self.name}_shard{b.bucket}")
+                self.params[b.bucket] = keras_api.make_variable(
+                    own_slice(b, arrays, rank), f"{self.name}_shard{b.bucket}")
             self.slots = self._make_slots(build_slots)
             self.decay_masks = decay_masks(self.opt, layout, variables, rank)
             self.layout = layout
@@ -121,7 +120,7 @@ class ShardedState:
             names = sorted(self.slots[b.bucket])
             if not names:
                 continue
-            mine = [self.slots[b.bucket][n].read_value() for n in names]
+            mine = [keras_api.read_value(self.slots[b.bucket][n]) for n in names]
             gathered = mine if b.whole else collectives.grouped_allgather(  # (whole: every rank's)
                 mine, f"{self.name}.state{b.bucket}")
             for n, g in zip(names, gathered, strict=True):

@@ -92,7 +92,6 @@ def validate_elastic(strategy: str, defers: bool) -> None:
 
 def validate_exchange(compression) -> None:
     """The dense factor exchange sends activations, which gradient compression cannot cover."""
-    _refuse(keras_api.generation_problem(None, "exchange", exchanges=True))
     if compression is not hvd.Compression.none:
         raise ValueError("the dense factor exchange sends activations, which gradient "
                          "compression does not cover: drop compression= or the exchange")

@@ -179,9 +179,6 @@ def _strategies(report: Report) -> None:
 
     report.strategies = {name: keras_api.generation_problem(None, name, shards=cls.shards)
                          for name, cls in REGISTRY.items()}
-    exchange = keras_api.generation_problem(None, "exchange", exchanges=True)
-    if exchange:
-        report.notes.append(exchange)
 
 
 def collect() -> Report:

@@ -49,7 +49,7 @@ def flops_profile(model: Any, batch_size: int, device_tflops: float,
             continue
         f = layer_flops(layer, batch_size)
         weights = layer.trainable_weights
-        nbytes = sum(int(np.prod(v.shape)) * v.dtype.size for v in weights)
+        nbytes = sum(int(np.prod(v.shape)) * tf.as_dtype(v.dtype).size for v in weights)
         factor = (2.0 if seen_weights else 1.0) if weights else 1.0
         seen_weights = seen_weights or bool(weights)
         layers.append(Layer(layer.name, f / rate, factor * f / rate, nbytes,

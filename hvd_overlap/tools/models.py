@@ -155,4 +155,4 @@ def synthetic_batch(batch_size: int, seed: int = 0, model: str = "vgg", tiny: bo
 
 def gradient_bytes(model: tf.keras.Model) -> int:
     """Bytes of one full gradient: the sum of the trainable variables' sizes."""
-    return sum(int(np.prod(v.shape)) * v.dtype.size for v in model.trainable_variables)
+    return sum(int(np.prod(v.shape)) * tf.as_dtype(v.dtype).size for v in model.trainable_variables)

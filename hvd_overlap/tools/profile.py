@@ -174,6 +174,7 @@ def measured_profile(model, sample_x, repeats: int = 5, name: str | None = None)
     per-layer forward/backward medians, exact gradient bytes, the update time, the whole step's
     time."""
     import numpy as np
+    import tensorflow as tf
 
     from hvd_overlap.keras.flops import dense_kernel
 
@@ -183,7 +184,7 @@ def measured_profile(model, sample_x, repeats: int = 5, name: str | None = None)
     for t, layer in zip(times, _profiled_layers(model), strict=True):
         ws = layer.trainable_weights
         layers.append(Layer(t.layer, t.forward, t.backward,
-                            sum(int(np.prod(v.shape)) * v.dtype.size for v in ws),
+                            sum(int(np.prod(v.shape)) * tf.as_dtype(v.dtype).size for v in ws),
                             ws[0].dtype.name if ws else "float32", len(ws),
                             dense=dense_kernel(layer)))
     profile = Profile(model=name or model.name, batch_size=int(np.shape(sample_x)[0]),

@@ -18,7 +18,8 @@ PER_RANK = 8    # rows per rank per step
 STEPS = 6       # steps per epoch
 EPOCHS = 2
 FEATURES, CLASSES, VOCAB, TOKENS = 6, 3, 40, 5
-STRATEGIES = ("horovod", "layerwise", "deferred", "hybrid")
+STRATEGIES = ("horovod", "layerwise", "deferred", "hybrid", "sharded", "sharded_hybrid",
+              "sharded+exchange=always+rows")
 OPTIMIZERS = ("sgd_momentum", "adam")
 MODELS = ("mlp", "embedding")
 
@@ -80,7 +81,7 @@ def main(out: Path) -> None:
     for model_name, strategy, opt_name in cases():
         x, y = data(model_name, hvd.rank(), hvd.size())
         net = build(keras, model_name)
-        extra = {"bucket_bytes": 256} if strategy == "hybrid" else {}  # so that it splits
+        extra = {"bucket_bytes": 256} if "hybrid" in strategy else {}  # so that it splits
         opt = hvdo.DistributedOptimizer(optimizer(keras, opt_name), strategy=strategy, **extra)
         net.compile(opt, keras.losses.SparseCategoricalCrossentropy(from_logits=True))
         net.fit(x, y, batch_size=PER_RANK, epochs=EPOCHS, shuffle=False, verbose=0,

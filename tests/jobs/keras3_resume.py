@@ -60,9 +60,10 @@ def make_model():
 
 
 def make_optimizer(strategy: str):
-    """The plain Keras 3 optimizer each strategy is tested with: Adam for ``layerwise`` and
-    ``hybrid``; SGD with momentum and a decaying rate for ``deferred`` (the deferred update
-    must use the rate of the step it belongs to)."""
+    """The plain Keras 3 optimizer each strategy is tested with: Adam for ``layerwise``,
+    ``hybrid`` and ``sharded`` (its slices' moments saved whole, in plain Keras's layout); SGD
+    with momentum and a decaying rate for ``deferred`` (the deferred update must use the rate
+    of the step it belongs to)."""
     import keras
 
     if strategy == "deferred":

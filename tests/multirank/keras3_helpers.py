@@ -46,10 +46,17 @@ OPTIMIZERS: dict[str, Callable[[], keras.optimizers.Optimizer]] = {
     "nadam": lambda: keras.optimizers.Nadam(0.01),
     "adamw": lambda: keras.optimizers.AdamW(0.01, weight_decay=0.05),
     "rmsprop": lambda: keras.optimizers.RMSprop(0.005),
+    "adamw_no_bias": lambda: _no_bias_decay(keras.optimizers.AdamW(0.01, weight_decay=0.05)),
     "sgd_schedule": lambda: keras.optimizers.SGD(
         keras.optimizers.schedules.ExponentialDecay(0.2, decay_steps=3, decay_rate=0.7),
         momentum=0.9),
 }
+
+
+def _no_bias_decay(opt: keras.optimizers.Optimizer) -> keras.optimizers.Optimizer:
+    """``opt`` with its biases left out of decoupled weight decay (by name)."""
+    opt.exclude_from_weight_decay(var_names=["bias"])
+    return opt
 
 
 def global_data(ints: bool = False, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:

@@ -22,6 +22,7 @@ if keras_api.GENERATION == 3:
     import tensorflow as tf
 
     import hvd_overlap.keras as hvdo
+    from hvd_overlap.core.plan import EXCHANGES
     from tests.multirank.keras3_helpers import (
         BATCH,
         EPOCHS,
@@ -39,7 +40,7 @@ if keras_api.GENERATION == 3:
 
 #: small buckets, so that hybrid splits even this small model (half its bytes deferred)
 SPLIT = 256
-RUNS = ["horovod", "layerwise", "deferred", "hybrid", "auto"]
+RUNS = ["horovod", "layerwise", "deferred", "hybrid", "sharded", "sharded_hybrid", "auto"]
 
 
 def strategy_of(name: str):
@@ -74,6 +75,40 @@ def test_fit_equals_the_global_batch(strategy, opt_name):
 def test_fit_with_other_optimizers_equals_the_global_batch(strategy, opt_name):
     model, _, want = _fit(strategy, opt_name)
     assert_same_weights(model, want, f"{strategy}/{opt_name}")
+
+
+@pytest.mark.parametrize("strategy", ["sharded+exchange=always", "sharded+exchange=always+rows",
+                                      "sharded_hybrid+exchange=always"])
+@pytest.mark.parametrize("opt_name", ["sgd_momentum", "adam"])
+def test_the_dense_exchange_equals_the_global_batch(strategy, opt_name):
+    """Every Dense kernel's gradient rows by the exchange (all-to-all of the inputs,
+    all-gather of the output errors) instead of a reduce-scatter; ``+rows``: the forward on
+    the kernel's rows too (validation between epochs reads the gathered kernels)."""
+    x, y = global_data()
+    model, opt, want = _fit(strategy, opt_name, validation_data=(x[:16], y[:16]))
+    assert_same_weights(model, want, f"{strategy}/{opt_name}")
+    assert_equal_on_every_rank(model)
+    layers = opt._hvdo.exchange.layers
+    assert len(layers) == 3 and all(x.active for x in layers), "the exchange did not run"
+    assert all(x.keep for x in layers) == strategy.endswith("+rows")
+    carried = sorted(v.name for b in opt.plan.buckets if b.collective in EXCHANGES
+                     for v in b.variables)
+    assert carried == sorted(keras_api.var_name(x.kernel) for x in layers), carried
+
+
+@pytest.mark.parametrize("opt_name", ["adamw_no_bias", "rmsprop", "sgd_schedule"])
+def test_the_sharded_update_with_other_optimizers_equals_the_global_batch(opt_name):
+    """Slices spanning several variables: decoupled weight decay masked where a variable is
+    excluded from it; the slots of each slice only."""
+    model, opt, want = _fit("sharded", opt_name)
+    assert_same_weights(model, want, f"sharded/{opt_name}")
+    params, slots = opt.slice_variables()
+    assert slots and {int(np.prod(s.shape)) for s in slots} <= {int(np.prod(p.shape))
+                                                              for p in params}
+    assert sum(int(np.prod(p.shape)) for p in params) < sum(
+        int(np.prod(v.shape)) for v in model.trainable_variables), "the slices are not 1/P"
+    assert not {id(v) for v in slots} & {id(v) for v in opt.variables}, \
+        "the slices' slots are in opt.variables (a broadcast would overwrite them)"
 
 
 @pytest.mark.parametrize("strategy", ["layerwise", "deferred"])
@@ -213,11 +248,11 @@ def test_mixed_precision_with_an_overflow_on_one_rank_skips_on_every_rank():
         np.testing.assert_allclose(u, v, rtol=2e-2, atol=2e-3)
 
 
-@pytest.mark.parametrize("strategy", ["sharded", "sharded_hybrid", "sharded+exchange"])
-def test_what_keras_3_cannot_run_is_refused_on_every_rank(strategy):
-    with pytest.raises(ValueError, match="not available on Keras 3 yet") as err:
-        hvdo.DistributedOptimizer(OPTIMIZERS["adam"](), strategy=strategy)
-    assert "TF_USE_LEGACY_KERAS=1" in str(err.value)
+@pytest.mark.parametrize("strategy", ["sharded", "sharded_hybrid"])
+def test_nadam_is_refused_by_the_sharded_update_on_every_rank(strategy):
+    with pytest.raises(ValueError, match="Nadam keeps its momentum-schedule product in a "
+                                         "variable.*strategy='hybrid'"):
+        hvdo.DistributedOptimizer(OPTIMIZERS["nadam"](), strategy=strategy)
 
 
 def test_a_loss_scale_optimizer_around_ours_is_refused_on_every_rank():

@@ -11,6 +11,7 @@ from typing import Any
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
+from hvd_overlap.adapters import keras_api
 from hvd_overlap.comm import collectives
 from hvd_overlap.core import autoplan
 from hvd_overlap.core.choice import Auto, StockHorovod
@@ -142,5 +143,5 @@ def dense_batches(layers: Sequence[Any], specs: Sequence[VarSpec], name: str) ->
     seen = collectives.allreduce(tf.stack([x.batch.read_value() for x in built]), name,
                                  op=hvd.Max)
     names = {v.name for v in specs}
-    return {x.kernel.name: int(b) for x, b in zip(built, seen.numpy(), strict=True)
-            if b > 0 and x.kernel.name in names}
+    return {keras_api.var_name(x.kernel): int(b) for x, b in zip(built, seen.numpy(), strict=True)
+            if b > 0 and keras_api.var_name(x.kernel) in names}

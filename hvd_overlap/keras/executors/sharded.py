@@ -26,7 +26,7 @@ from hvd_overlap.core.sharding import BucketSlices, ShardLayout, partition
 from hvd_overlap.keras.exchange_choice import DenseExchanges
 from hvd_overlap.keras.executors.forward_phase import NextStepExecutor
 from hvd_overlap.keras.executors.step_state import Gradients, Stage, TrainLoop
-from hvd_overlap.keras.sharded_slots import plain_order, stale_state_error
+from hvd_overlap.keras.sharded_slots import numpy_dtype, plain_order, stale_state_error
 from hvd_overlap.keras.sharded_state import ShardedState
 
 
@@ -227,12 +227,12 @@ class ShardedExecutor(NextStepExecutor):
         if st.checkpoint.iterations != step:
             raise stale_state_error(step, st.checkpoint.iterations)
         variables = st.variables
-        arrays = [self.opt.iterations.numpy()]
+        arrays = [v.numpy() for v in keras_api.head_variables(self.opt)]
         for slot, index, initial in plain_order(self.plain.cls, self.opt, variables):
             saved = st.checkpoint.slots.get(slot, {}).get(index)
             # a variable without gradient keeps its initial slot value, as in stock Horovod
             arrays.append(saved if saved is not None else np.full(
-                variables[index].shape, initial, variables[index].dtype.as_numpy_dtype))
+                variables[index].shape, initial, numpy_dtype(variables[index])))
         keras_api.fill_store(store, arrays)
         return None
 
@@ -240,8 +240,10 @@ class ShardedExecutor(NextStepExecutor):
         if self.plain.load_own_variables is None:
             return super().load_own_variables(store)
         arrays = [np.asarray(a) for a in keras_api.read_store(store)]
-        self.opt.iterations.assign(arrays[0])
-        self.state.checkpoint.restore_plain(arrays[1:], int(self.opt.iterations.numpy()))
+        head = keras_api.head_variables(self.opt)
+        for v, a in zip(head, arrays, strict=False):
+            v.assign(a)
+        self.state.checkpoint.restore_plain(arrays[len(head):], int(self.opt.iterations.numpy()))
         return None
 
     def trackable_children(self, children: dict[str, Any]) -> dict[str, Any]:

@@ -1,5 +1,6 @@
-"""``examples/quickstart.py`` as a user runs it: ``horovodrun -np 2`` (launched from this single
-process, like the Keras 3 refusal test), short enough to read (at most 40 lines)."""
+"""The quick start as a user runs it: ``horovodrun -np 2`` (launched from this single process),
+short enough to read (at most 40 lines): ``examples/quickstart.py`` where ``tf.keras`` is
+Keras 2, ``examples/keras3_quickstart.py`` where it is Keras 3."""
 
 from __future__ import annotations
 
@@ -9,7 +10,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "quickstart.py"
+from hvd_overlap.adapters import keras_api
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / (
+    "keras3_quickstart.py" if keras_api.GENERATION == 3 else "quickstart.py")
 
 
 def test_the_quickstart_is_short():

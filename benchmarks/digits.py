@@ -99,9 +99,8 @@ def train(strategy: str, args: argparse.Namespace, data) -> dict:
 
         # Keras 3: Horovod's optimizer and broadcast do not work; stock is the stand-in
         # (the plugin's copy of stock's fusion) and the broadcast is the plugin's
-        stand_in = {"strategy": "horovod"} if strategy == STOCK else {}
-        opt = hvd_overlap.keras.DistributedOptimizer(
-            opt, **(stand_in or {"strategy": strategy, **args.options}))
+        name, extra = ("horovod", {}) if strategy == STOCK else (strategy, args.options)
+        opt = hvd_overlap.keras.DistributedOptimizer(opt, strategy=name, **extra)
         broadcast = hvd_overlap.keras.BroadcastGlobalVariablesCallback
     model.compile(opt, tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                   metrics=["accuracy"])

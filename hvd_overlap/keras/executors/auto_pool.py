@@ -143,5 +143,6 @@ def dense_batches(layers: Sequence[Any], specs: Sequence[VarSpec], name: str) ->
     seen = collectives.allreduce(tf.stack([x.batch.read_value() for x in built]), name,
                                  op=hvd.Max)
     names = {v.name for v in specs}
-    return {keras_api.var_name(x.kernel): int(b) for x, b in zip(built, seen.numpy(), strict=True)
-            if b > 0 and keras_api.var_name(x.kernel) in names}
+    kernels = [keras_api.var_name(x.kernel) for x in built]
+    return {k: int(b) for k, b in zip(kernels, seen.numpy(), strict=True)
+            if b > 0 and k in names}

@@ -151,3 +151,18 @@ def test_exchange_style_forced_choice():
     c = exchange_style({PROBE: [0.1], A: [0.2]}, forced=A)
     chooser = c.until_settled()
     assert chooser.current == A and c.switches == [A] and chooser.settling_steps == 2
+
+
+def test_the_quiet_steps_come_first_and_are_no_trial():
+    """With quiet steps the probe runs them before its first trial: ``quiet`` while they
+    run, their times counted as settling but in no trial (their shape is slower)."""
+    c = Run({PROBE: [9.0, 9.0, 0.1], A: [0.07], B: [0.1]}, quiet_steps=2)
+    chooser = c.chooser
+    assert chooser.quiet
+    c.step()
+    assert chooser.quiet and chooser.queue is None and c.switches == []
+    c.step()
+    assert not chooser.quiet and chooser.queue is None  # the probe's trial is next
+    chooser = c.until_settled()
+    assert chooser.current == A and chooser.measured[PROBE] == 0.1
+    assert chooser.settling_steps == 4 and chooser.settling_s > 18.0

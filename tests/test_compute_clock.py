@@ -1,6 +1,6 @@
-"""``ComputeClock``: the compute of a traced train step, from its start to its last gradient,
-read after the step; nothing where the step was not made by the plugin; no op of the step but
-the clock's own waits for it."""
+"""``ComputeClock``: the compute of a quiet train step -- its start to its last local gradient,
+plus its update alone -- read after the step; the collectives between (the wire) left out;
+nothing where the step was not made by the plugin; the collectives wait for the backward pass."""
 
 from __future__ import annotations
 
@@ -14,28 +14,36 @@ from hvd_overlap.keras.executors.step_state import StepKind, step_context
 SLEEP_S = 0.05
 
 
-def _slow_square(x: tf.Tensor) -> tf.Tensor:
-    """x**2, after SLEEP_S of host time (the 'backward pass' being timed)."""
+def _slow(x: tf.Tensor, factor: float = 1.0) -> tf.Tensor:
+    """x * x, after ``factor`` * SLEEP_S of host time (the work being timed, or not)."""
     def sleep(v):
-        time.sleep(SLEEP_S)
+        time.sleep(SLEEP_S * factor)
         return v
     return tf.py_function(sleep, [x * x], tf.float32)
 
 
-def _step(clock: ComputeClock, in_step: bool):
+def _step(clock: ComputeClock, in_step: bool, var: tf.Variable | None = None):
+    """A step: backward (one sleep), a 'collective' (three sleeps), an update (two sleeps)."""
     @tf.function
     def step(x):
-        if in_step:
-            with step_context(StepKind.DEFER):
-                clock.start()
-                grad = _slow_square(x)
-                clock.gradients_ready([grad, None])
-                return tf.identity(grad) + 1.0  # what a collective would do with it
-        clock.start()
-        grad = _slow_square(x)
-        clock.gradients_ready([grad])
-        return grad
+        with step_context(StepKind.DEFER) if in_step else _nothing():
+            clock.start()
+            grads = clock.hold_until_computed([_slow(x), None])
+            if var is None:
+                return tf.identity(grads[0]) + 1.0  # what a collective would do with it
+            reduced = clock.hold_until_reduced([_slow(grads[0], 3.0)])  # the wire's time
+            var.assign_add(_slow(reduced[0], 2.0))
+            clock.applied([var])
+            return var.read_value()
     return step
+
+
+class _nothing:  # (contextlib.nullcontext, without its import in the traced body)
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
 
 
 def test_the_step_until_its_last_gradient_is_timed_once():
@@ -49,15 +57,62 @@ def test_the_step_until_its_last_gradient_is_timed_once():
     assert clock.take() >= SLEEP_S
 
 
+def test_the_update_counts_and_the_wire_does_not():
+    """Compute = backward (1 sleep) + update (2 sleeps); the 'collective' (3 sleeps) between
+    the gradients and the update is not in it."""
+    clock = ComputeClock()
+    var = tf.Variable(0.0)
+    step = _step(clock, in_step=True, var=var)
+    assert float(step(tf.constant(2.0))) == 256.0  # the same values: ((2^2)^2)^2
+    took = clock.take()
+    assert 3 * SLEEP_S <= took < 4.5 * SLEEP_S, took
+
+
+def test_the_wire_in_a_stateless_function_call_is_left_out():
+    """Stock's fusion returns its gradients from a stateless function call (Horovod's); the
+    update's start is stamped once that call's outputs exist. (A control edge on the call op
+    alone is lost when TensorFlow inlines the call: the stamp fired at once, and the update's
+    span held the whole 'wire'.)"""
+    n = 600
+    weights = tf.random.stateless_normal([n, n], seed=[1, 2]) / n
+
+    @tf.function
+    def wire(g):  # stateless and slow: stands for the collectives
+        for _ in range(12):
+            g = tf.matmul(g, weights)
+        return g
+
+    clock, var = ComputeClock(), tf.Variable(tf.zeros([n, n]))
+
+    @tf.function
+    def step(x):
+        with step_context(StepKind.DEFER):
+            clock.start()
+            grads = clock.hold_until_computed([x * 2.0])
+            reduced = clock.hold_until_reduced([wire(grads[0])])
+            var.assign_add(reduced[0])
+            clock.applied([var])
+
+    x = tf.ones([n, n])
+    step(x)
+    clock.take()
+    took, start = [], time.perf_counter()
+    for _ in range(3):
+        step(x)
+        took.append(clock.take())
+    step_s = (time.perf_counter() - start) / 3
+    assert max(took) < 0.5 * step_s, (took, step_s)  # the step is mostly the 'wire'
+
+
 def test_a_step_the_plugin_did_not_make_is_not_timed():
     clock = ComputeClock()
     _step(clock, in_step=False)(tf.constant(2.0))
     assert clock.take() is None
 
 
-def test_no_collective_waits_for_the_clock():
-    """A gradient's collective traced after the clock's stamp takes no control input from it
-    (Horovod's ops are stateless: TensorFlow chains only stateful ops in program order)."""
+def test_every_collective_waits_for_the_whole_backward_pass():
+    """In a quiet step each gradient's collective takes its input only after the stamp of
+    the last local gradient: nothing is sent while backprop runs."""
     import horovod.tensorflow as hvd
 
     hvd.init()
@@ -67,17 +122,18 @@ def test_no_collective_waits_for_the_clock():
     def step(x):
         with step_context(StepKind.DEFER):
             clock.start()
-            grads = [_slow_square(x), x * 3.0]
-            clock.gradients_ready(grads)
+            grads = clock.hold_until_computed([_slow(x), x * 3.0])
             return [hvd.allreduce(g, name=f"clock_test_{i}") for i, g in enumerate(grads)]
 
     graph = step.get_concrete_function(tf.TensorSpec([], tf.float32)).graph
     ops = graph.get_operations()
-    stamps = {op.name for op in ops if op.type == "Timestamp"}
+    stamps = [op for op in ops if op.type == "Timestamp"]
     sends = [op for op in ops if op.type == "HorovodAllreduce"]
     assert len(stamps) == 2 and len(sends) == 2
+    ready = stamps[1]  # (the start's first)
     for op in sends:
-        assert not {c.name for c in op.control_inputs}, (op.name, op.control_inputs)
+        fed_by = op.inputs[0].op
+        assert ready in fed_by.control_inputs, (op.name, fed_by.control_inputs)
     assert [float(v) for v in step(tf.constant(2.0))] == [4.0, 6.0]
 
 

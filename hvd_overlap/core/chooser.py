@@ -6,6 +6,9 @@ measures the link and fits the model), and a growth of the batch (``reconsider``
 out: the plan to run from the next step (``perform``: the executor lands what is pending and
 switches), settle, or choose again. The check itself (``hvd_overlap.keras.executors.auto``):
 
+0. with ``quiet_steps`` (``auto``: ``QUIET_STEPS``), the probe first runs that many quiet
+   steps (``quiet``), in which the executor times the model's compute alone: its collectives
+   wait for the whole backward pass and its update for every collective;
 1. the probe runs a trial (``WARM_STEPS + TRIAL_STEPS`` steps, the steady ones timed);
 2. the ranking names the trials: the predicted best and the best of another kind;
 3. each runs a trial, then the probe a second one; the fastest stays (the probe unless
@@ -35,6 +38,9 @@ from hvd_overlap.core.trial import MARGIN, TrialClock
 WARM_STEPS = 3
 #: ...then the steps it is timed over
 TRIAL_STEPS = 7
+#: quiet steps before the probe's first trial (``auto``): the first traces them, the others
+#: time the compute (three, their median)
+QUIET_STEPS = 4
 #: steps not timed after a step that traced (a deferring plan's first steady step follows)
 SKIP_AFTER_TRACE = 1
 #: a plan is measured in a trial, or chosen by prediction alone (a batch too short-lived for a
@@ -58,7 +64,7 @@ class Chooser:
                  say: Callable[[str], None], note: Callable[[str], None] = lambda _: None,
                  clear_gain: float | None = CLEAR_GAIN, predicted_gain: float = PREDICTED_GAIN,
                  margin: float = MARGIN, probe_again: bool = True, confirm: bool = True,
-                 forced: Strategy | None = None):
+                 forced: Strategy | None = None, quiet_steps: int = 0):
         self.probe = self.current = probe
         self.label, self.clock = label, clock
         self._perform, self._rank, self._say, self._note = perform, rank, say, note
@@ -67,6 +73,7 @@ class Chooser:
         #: must beat; the probe's second trial after the others; the confirmation pair
         self.margin, self.probe_again, self.confirm = margin, probe_again, confirm
         self.forced = forced  # tests: keep this one whatever the timings
+        self.quiet_steps = quiet_steps  # the probe's quiet steps at each check's start
         self.choices: list[dict[str, Any]] = []  # every choice made, one per batch phase
         #: the last ranking's fitted profile, cluster and pool (what a prediction starts from)
         self.fitted: tuple[autoplan.Profile, Any, Sequence[Strategy]] | None = None
@@ -81,6 +88,7 @@ class Chooser:
         self.confirmed: dict[Strategy, float] = {}  # the second pass: the probe, the choice
         self.predicted: dict[Strategy, float] = {}  # the simulator's step of each candidate
         self.settled = False
+        self.quiet_left = self.quiet_steps  # quiet steps still to run (not trial steps)
         self.settling_steps = 0   # steps run before the choice was final...
         self.settling_s = 0.0     # ...and their wall time on this rank (traces included)
         self.trigger = why        # why this check runs (a growth: reconsider)
@@ -99,6 +107,9 @@ class Chooser:
             return
         self.settling_steps += 1
         self.settling_s += seconds
+        if self.quiet_left:  # a quiet step: the compute's, not the trial's
+            self.quiet_left -= 1
+            return
         step = self.clock.observe(seconds, usable, traced)
         if step is not None:
             self.trial_done(step)
@@ -172,7 +183,8 @@ class Chooser:
         ``horizon_steps`` (the steps the new batch will run) shorter than two checks' worth,
         the simulator alone picks (``predict_for``); otherwise the check runs again from the
         probe, as at the start."""
-        check = 6 * (warm_steps + trial_steps)  # probe, two trials, probe, confirmation pair
+        # the quiet steps, probe, two trials, probe, confirmation pair
+        check = self.quiet_steps + 6 * (warm_steps + trial_steps)
         if horizon_steps is not None and horizon_steps < 2 * check:
             self.predict_for(why, batch_factor, horizon_steps)
             return
@@ -233,9 +245,9 @@ class Chooser:
         self._say(f"{self.label} chose {choice.describe()}: {self.reason}")
 
     @property
-    def probing(self) -> bool:
-        """The probe's first trial runs (the steps the model's compute is timed in)."""
-        return not self.settled and self.queue is None and self.current == self.probe
+    def quiet(self) -> bool:
+        """The probe's quiet steps run (the model's compute is timed in them, alone)."""
+        return not self.settled and self.quiet_left > 0 and self.current == self.probe
 
     def settle(self, choice: Strategy) -> None:
         self.chose(choice, self.settling_steps, self.settling_s)

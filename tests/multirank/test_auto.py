@@ -39,6 +39,7 @@ from tests.multirank.helpers import (
 )
 from tests.multirank.test_keras_usage import _fit_mixed, _fit_per_batch_lr
 
+QUIET = auto.QUIET_STEPS  # the quiet steps a check starts with, in the tests that keep them
 # trials of plans that defer part or all of a step (so a switch has a pending update to land)
 TRIALS = [Hybrid(bucket_bytes=2048, defer=2), Deferred(bucket_bytes=2048)]
 
@@ -47,9 +48,11 @@ TRIALS = [Hybrid(bucket_bytes=2048, defer=2), Deferred(bucket_bytes=2048)]
 def short_trials(monkeypatch):
     """One timed step per plan, so the probe, both trials, the probe again and a second pass
     over the probe and the choice (six trials of four steps) fit in a run of 24 steps; every
-    trial runs whatever the timings (a clear win ends the check early: tested on its own)."""
+    trial runs whatever the timings (a clear win ends the check early: tested on its own);
+    no quiet steps before the probe's trial (tested on their own, ``QUIET``)."""
     monkeypatch.setattr(auto, "TRIAL_STEPS", 1)
     monkeypatch.setattr(auto, "CLEAR_GAIN", 1.0)  # no step is 100% faster
+    monkeypatch.setattr(auto, "QUIET_STEPS", 0)
 
 
 def auto_with(trials=None, strategy="auto", **kw):
@@ -159,27 +162,42 @@ def test_nothing_predicted_faster_enough_is_not_measured(monkeypatch):
     ex = wrap.made[0]._hvdo
     assert ex.settled and set(ex.measured) == {ex.probe} and ex.switches == 0, ex.log
     assert ex.current == ex.probe and ex.reason.startswith("no plan predicted 99% faster")
-    assert ex.settling_steps == auto.WARM_STEPS + auto.TRIAL_STEPS
+    assert ex.settling_steps == auto.QUIET_STEPS + auto.WARM_STEPS + auto.TRIAL_STEPS
     assert "measuring nothing more" in ex.log[0] and len(ex.predicted) > 1
     assert_weights_close(got, stock_reference("cnn_bn", "sgd_momentum"))
 
 
 def test_the_probe_times_its_compute_inside_its_steps(monkeypatch):
-    """The model ``auto`` ranks with starts from the compute timed in the probe's steps (from
-    the step's start to its last gradient), a part of each step, the same on every rank."""
+    """The model ``auto`` ranks with starts from the compute timed in the probe's quiet steps
+    (the step's start to its last local gradient, plus the update alone), a part of each
+    step, the same on every rank; the quiet steps train as any other (stock's weights)."""
     monkeypatch.setattr(auto, "PREDICTED_GAIN", 0.99)
+    monkeypatch.setattr(auto, "QUIET_STEPS", QUIET)
     wrap = auto_with()
     got = train_fit("cnn_bn", "sgd_momentum", wrap, epochs=EPOCHS)
     ex = wrap.made[0]._hvdo
     assert ex.settled and ex.current == ex.probe, ex.log
+    assert ex.settling_steps == QUIET + auto.WARM_STEPS + auto.TRIAL_STEPS
     samples = ex.compute_clock.samples
-    assert samples and all(s > 0 for s in samples), samples
+    assert 1 <= len(samples) < QUIET and all(s > 0 for s in samples), samples
     assert ex.compute_clock.median() < 1.2 * ex.measured[ex.probe], (samples, ex.measured)
     assert "(compute measured: " in ex.log[0], ex.log[0]
     model_compute = hvd_tf.allgather_object(ex.chooser.fitted[0].compute_s,
                                             name="test.auto.model_compute")
     assert len(set(model_compute)) == 1  # agreed: every rank ranks the same
     assert_weights_close(got, stock_reference("cnn_bn", "sgd_momentum"))
+
+
+def test_quiet_steps_then_plans_switched_match_stock(monkeypatch):
+    """The quiet steps (collectives after the whole backward pass, the update after every
+    collective), then a check through deferring plans: every switch exact, stock's weights."""
+    monkeypatch.setattr(auto, "QUIET_STEPS", QUIET)
+    wrap = auto_with(TRIALS)
+    got = train_fit("cnn_bn", "adam", wrap, epochs=3)
+    ex = wrap.made[0]._hvdo
+    _ran_through_trials(wrap.made[0], got)
+    assert ex.compute_clock.samples, "no quiet step was timed"
+    assert_weights_close(got, train_fit("cnn_bn", "adam", stock, epochs=3))
 
 
 def test_the_link_probe_times_each_collective_the_plans_use():
@@ -279,7 +297,7 @@ def test_a_plan_clearly_faster_in_its_trial_ends_the_check(monkeypatch):
     assert [(c["why"], c["chosen"]) for c in ex.choices] == [("start", HYBRID.describe())]
     # hybrid stayed: every step of the last epoch deferred its input side but the epoch's last
     assert got.pending[-STEPS_PER_EPOCH:] == [True] * (STEPS_PER_EPOCH - 1) + [False]
-    assert ex.settling_steps == 2 * (auto.WARM_STEPS + auto.TRIAL_STEPS)
+    assert ex.settling_steps == auto.QUIET_STEPS + 2 * (auto.WARM_STEPS + auto.TRIAL_STEPS)
     assert "faster by 25% or more: no further trial" in ex.log[-1]
     assert_weights_close(got, train_fit("cnn_bn", "sgd_momentum", stock, epochs=3))
 

@@ -28,6 +28,7 @@ from hvd_overlap.core import autoplan, mutants
 from hvd_overlap.core.chooser import (  # noqa: F401 -- tests set them here
     CLEAR_GAIN,
     PREDICTED_GAIN,
+    QUIET_STEPS,
     SKIP_AFTER_TRACE,
     TRIAL_STEPS,
     WARM_STEPS,
@@ -41,7 +42,7 @@ from hvd_overlap.keras.exchange_choice import DenseExchanges
 from hvd_overlap.keras.executors.auto_pool import exchange_blocker
 from hvd_overlap.keras.executors.auto_ranking import rank_trials
 from hvd_overlap.keras.executors.base import Executor, Plain
-from hvd_overlap.keras.executors.compute_clock import ComputeClock
+from hvd_overlap.keras.executors.compute_clock import ComputeClock, quiet_step
 from hvd_overlap.keras.executors.forward_phase import ForwardPhase
 from hvd_overlap.keras.executors.mirrored import MirroredShardedExecutor
 from hvd_overlap.keras.executors.sharded import ShardedExecutor
@@ -71,10 +72,10 @@ class AutoExecutor(Executor):
         #: the decisions (TensorFlow-free): this executor feeds it and performs its switches
         self.chooser = Chooser(probe, label, clock, self._switch,
                                lambda probe_s: rank_trials(self, probe_s), self.say,
-                               self._note, CLEAR_GAIN, PREDICTED_GAIN)
-        self._switched = False
-        self._decisions = 0
-        self.switches = 0
+                               self._note, CLEAR_GAIN, PREDICTED_GAIN,
+                               quiet_steps=QUIET_STEPS)
+        self._switched, self._decisions, self.switches = False, 0, 0
+        self._traced_quiet: bool | None = None  # chooser.quiet when last traced
         self._unphased = ForwardPhase("auto")  # its warning: a step outside step_context
         self._specs: tuple[VarSpec, ...] | None = None  # what the last plan was built for
         self._unrun_plan: Plan | None = None  # the current plan before its first trace
@@ -84,8 +85,7 @@ class AutoExecutor(Executor):
         self._dense = DenseExchanges(AUTO, settings, self._in_patched_step)
         self._traced_dense_path: bool | None = None  # _dense_path when last traced
         self.left_out: list[str] = []  # plans not considered, and why (said in the plan)
-        #: the probe's compute, timed inside its steps (the simulator's model starts from it)
-        self.compute_clock = ComputeClock()
+        self.compute_clock = ComputeClock()  # the compute, timed in the quiet steps
 
     # -- the executor in use ---------------------------------------------------------------
 
@@ -157,8 +157,11 @@ class AutoExecutor(Executor):
         if current_step() is None:  # not a plugin-made step body: no pre-forward phase
             self._unphased.warn_once(f"it cannot time its plans: it keeps "
                                      f"{self.current.describe()}")
-        elif gradients is Gradients.LOCAL:  # (global ones were sent already: no compute alone)
-            self.compute_clock.gradients_ready(grads)
+        else:
+            self._traced_quiet = self.chooser.quiet
+            if self._traced_quiet and gradients is Gradients.LOCAL:  # (global: sent already)
+                return quiet_step(self.compute_clock, self.child(), grads, variables, args,
+                                  kwargs)
         return self.child().apply_gradients(grads, variables, args, kwargs,
                                             gradients=gradients)
 
@@ -166,7 +169,7 @@ class AutoExecutor(Executor):
         return self.child().reduce_now(grads, variables)
 
     def pre_forward(self, landing: bool = False) -> None:
-        if not landing and self.chooser.probing:  # its steps time their compute
+        if not landing and self.chooser.quiet:  # its steps time the compute alone
             self.compute_clock.start()
         self.child().pre_forward(landing)
 
@@ -178,13 +181,14 @@ class AutoExecutor(Executor):
         return self.child().pending
 
     def take_retrace(self) -> bool:
-        """True once after a switch, and once when the patched dense layers' path changes
-        (the check settled on a plan without the exchange: its train function records
-        nothing; a reconsider: the check records batches again)."""
+        """True once after a switch, after the quiet steps start or end, and when the
+        patched dense layers' path changes (settled without the exchange, or a reconsider)."""
         switched, self._switched = self._switched, False
         traced = self._traced_dense_path
         if self._dense.layers and traced is not None and traced != self._dense_path:
             self._traced_dense_path, switched = self._dense_path, True
+        if self._traced_quiet is not None and self._traced_quiet != self.chooser.quiet:
+            self._traced_quiet, switched = self.chooser.quiet, True  # the quiet steps' end
         return self.child().take_retrace() or switched
 
     # -- the Keras hooks and the sharded state: the current plan's ----------------------------
@@ -227,6 +231,7 @@ class AutoExecutor(Executor):
                    horizon_steps: int | None = None) -> None:
         """Choose again: the per-rank batch changed (``Chooser.reconsider``). Between steps,
         every rank alike; a switch lands the pending update first."""
+        self.compute_clock.samples.clear()  # (a new check times the new batch's compute)
         self.chooser.reconsider(why, batch_factor, horizon_steps, TRIAL_STEPS, WARM_STEPS)
 
     def observe_step(self, seconds: float, usable: bool = True) -> None:
@@ -236,7 +241,7 @@ class AutoExecutor(Executor):
         if self.chooser.settled:
             return
         traced, self._seen_traces = traced_steps() != self._seen_traces, traced_steps()
-        self.compute_clock.step_ended(counted=usable and not traced and self.chooser.probing)
+        self.compute_clock.step_ended(counted=usable and not traced and self.chooser.quiet)
         self.chooser.observe(seconds, usable, traced)
 
     checking = property(lambda self: not self.chooser.settled)

@@ -30,6 +30,8 @@ MUTANTS: dict[str, str] = {
     "nadam_refusal": "the Nadam refusal accepts tf.keras.optimizers.Nadam",
     "stall_shutdown": "the 2-rank test launcher's per-test timeout cannot end a rank left "
                       "waiting in a collective (signal method instead of thread)",
+    "quiet_hold": "the quiet steps of strategy='auto' send each gradient while backprop still "
+                  "runs (the compute they time holds communication)",
 }
 
 ACTIVE = os.environ.get("HVDO_MUTANT", "")

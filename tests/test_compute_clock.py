@@ -104,6 +104,22 @@ def test_the_wire_in_a_stateless_function_call_is_left_out():
     assert max(took) < 0.5 * step_s, (took, step_s)  # the step is mostly the 'wire'
 
 
+def test_with_the_wall_time_the_host_work_counts_and_the_wire_does_not():
+    """Given the step's wall time, the compute is that time less the collectives' span (the
+    host's work around the graph counts), never less than the in-graph spans."""
+    clock = ComputeClock()
+    step = _step(clock, in_step=True, var=tf.Variable(0.0))
+    step(tf.constant(2.0))
+    start, ready, reduced, done = (float(t) for t in clock._variable().numpy())
+    host = 0.5  # e.g. a slow fit loop around the graph
+    wall = done - start + host
+    took = clock.take(wall)
+    assert abs(took - (wall - (reduced - ready))) < 1e-9
+    assert took > ready - start + done - reduced + 0.4  # the host's work is in it
+    step(tf.constant(2.0))
+    assert clock.take(0.0) >= 3 * SLEEP_S  # (a wall shorter than the spans: the spans)
+
+
 def test_a_step_the_plugin_did_not_make_is_not_timed():
     clock = ComputeClock()
     _step(clock, in_step=False)(tf.constant(2.0))

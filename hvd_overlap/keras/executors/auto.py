@@ -241,7 +241,7 @@ class AutoExecutor(Executor):
         if self.chooser.settled:
             return
         traced, self._seen_traces = traced_steps() != self._seen_traces, traced_steps()
-        self.compute_clock.step_ended(counted=usable and not traced and self.chooser.quiet)
+        self.compute_clock.step_ended(usable and not traced and self.chooser.quiet, seconds)
         self.chooser.observe(seconds, usable, traced)
 
     checking = property(lambda self: not self.chooser.settled)

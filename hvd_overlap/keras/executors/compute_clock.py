@@ -7,8 +7,9 @@ exists, and the update until every collective has landed. Nothing then shares th
 the backward pass or the update (on a one-core rank, Gloo's reductions and copies run on the
 core of the backward pass; the update, run beside the collectives, would hide in their time),
 and four timestamps give the compute alone: the step's start to its last local gradient, plus
-the update's start to its end. The order changes when things run, never what is computed: the
-quiet steps train as any other.
+the update's start to its end -- or, given the step's wall time, that time less the
+collectives' span (the host's work around the graph counts too). The order changes when things
+run, never what is computed: the quiet steps train as any other.
 
 The stamps go into one local float64 variable that is tracked by nothing (no checkpoint holds
 it), read after the step, when it has ended (``OverlapCallback`` waits for it while ``auto``
@@ -69,21 +70,27 @@ class ComputeClock:
             done = tf.timestamp()
         self._variable()[2:4].assign(tf.stack([reduced, done]))
 
-    def take(self) -> float | None:
+    def take(self, wall: float | None = None) -> float | None:
         """The last step's compute (seconds), or None if that step did not stamp it; resets
-        the clock for the next step. Eager, between steps."""
+        the clock for the next step. Eager, between steps. With the step's ``wall`` time and
+        its collectives stamped apart (the update timed), that wall time less the collectives'
+        span: the host's work around the graph (the fit loop, the call) is compute too, which
+        a step of a few milliseconds would otherwise miss."""
         if self._times is None:
             return None
         start, ready, reduced, done = (float(t) for t in self._times.numpy())
         if ready <= start:
             return None
         self._times.assign([0.0] * 4)
-        return ready - start + max(done - reduced, 0.0)
+        in_graph = ready - start + max(done - reduced, 0.0)
+        if wall is None or done <= reduced:
+            return in_graph
+        return max(wall - (reduced - ready), in_graph)
 
-    def step_ended(self, counted: bool) -> None:
-        """After a step: its compute joins ``samples`` if ``counted`` (and it was timed). A
-        step not counted is not read (no host read on other steps)."""
-        took = self.take() if counted else None
+    def step_ended(self, counted: bool, wall: float | None = None) -> None:
+        """After a step (of ``wall`` seconds): its compute joins ``samples`` if ``counted``
+        (and it was timed). A step not counted is not read (no host read on other steps)."""
+        took = self.take(wall) if counted else None
         if took is not None:
             self.samples.append(took)
 

@@ -5,6 +5,7 @@ nothing where the step was not made by the plugin; the collectives wait for the 
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 
 import tensorflow as tf
 
@@ -26,7 +27,7 @@ def _step(clock: ComputeClock, in_step: bool, var: tf.Variable | None = None):
     """A step: backward (one sleep), a 'collective' (three sleeps), an update (two sleeps)."""
     @tf.function
     def step(x):
-        with step_context(StepKind.DEFER) if in_step else _nothing():
+        with step_context(StepKind.DEFER) if in_step else nullcontext():
             clock.start()
             grads = clock.hold_until_computed([_slow(x), None])
             if var is None:
@@ -36,14 +37,6 @@ def _step(clock: ComputeClock, in_step: bool, var: tf.Variable | None = None):
             clock.applied([var])
             return var.read_value()
     return step
-
-
-class _nothing:  # (contextlib.nullcontext, without its import in the traced body)
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
 
 
 def test_the_step_until_its_last_gradient_is_timed_once():

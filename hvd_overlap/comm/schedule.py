@@ -39,7 +39,7 @@ def issue_backward(plan: Plan, method: GradientMethod, grads: Sequence[Grad],
             reduced = method.reduce(bucket, grads, variables)
         for i, g in reduced.items():
             out[i] = g
-        previous = _tensors(reduced.values()) or previous
+        previous = tensors_of(reduced.values()) or previous
     return out
 
 
@@ -68,7 +68,8 @@ def chain(runs: Sequence[Callable[[], object]]) -> None:
             previous = [run()]
 
 
-def _tensors(grads) -> list[tf.Tensor]:
+def tensors_of(grads) -> list[tf.Tensor]:
+    """The tensors of ``grads`` (an ``IndexedSlices``' values and indices; None left out)."""
     out: list[tf.Tensor] = []
     for g in grads:
         if isinstance(g, tf.IndexedSlices):

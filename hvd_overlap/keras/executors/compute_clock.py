@@ -24,6 +24,7 @@ from typing import Any
 
 import tensorflow as tf
 
+from hvd_overlap.comm.schedule import tensors_of
 from hvd_overlap.core import mutants
 from hvd_overlap.keras.executors.immediate import ImmediateExecutor
 from hvd_overlap.keras.executors.step_state import Gradients, current_step
@@ -120,16 +121,12 @@ def quiet_step(clock: ComputeClock, child: Any, grads: list[Any],
     return out
 
 
-def _tensors(grads: Sequence[Any]) -> list[tf.Tensor]:
-    return [g.values if isinstance(g, tf.IndexedSlices) else g for g in grads if g is not None]
-
-
 def _stamp_after(grads: Sequence[Any]) -> tf.Tensor:
     """A timestamp taken once every gradient of ``grads`` exists. It waits on an identity of
     each (a data edge), not on the ops that made them: stock's fusion returns its gradients
     from a stateless function call, and a control edge on that call op alone is lost when
     TensorFlow inlines the call (the stamp then fired before the collectives ended)."""
-    with tf.control_dependencies([tf.identity(t) for t in _tensors(grads)]):
+    with tf.control_dependencies([tf.identity(t) for t in tensors_of(grads)]):
         return tf.timestamp()
 
 

@@ -150,6 +150,30 @@ def test_shard_dense_keeps_only_the_kernels_sliced():
         Sharded(bucket_bytes=1 << 20, shard="dense").build_plan(specs())
 
 
+def test_shard_dense_kernels_the_exchange_declines_become_whole():
+    """Once the batch is known (``Strategy.label``), ``shard="dense"`` allreduces the kernels
+    the exchange declines whole during backprop (their partition no longer cut); before it,
+    and under ``shard="all"``, they stay row-sliced and reduce-scattered."""
+    shapes = {2: DenseShape(785, 512, 32), 4: DenseShape(512, 10, 32)}
+    dense = Sharded(bucket_bytes=1 << 20, exchange=Exchange(AUTO), shard="dense")
+    labelled = dense.label(dense.build_plan(specs(), 2), shapes, 2)
+    by_name = {b.variables[0].name: b for b in labelled.buckets if len(b.variables) == 1}
+    assert by_name["d/kernel:0"].collective == EXCHANGE and by_name["d/kernel:0"].rows
+    o = by_name["o/kernel:0"]
+    assert (o.collective, o.phase, o.whole, o.rows) == (ALLREDUCE, BACKWARD, True, False)
+    layout = {b.bucket: b for b in partition(labelled, 2).buckets}
+    assert layout[o.index].whole and layout[o.index].owned(1) == (0, 512 * 10)
+    assert not layout[by_name["d/kernel:0"].index].whole
+    unknown = dense.label(dense.build_plan(specs(), 2), {}, 2)  # before the first step
+    assert [b.variables[0].name for b in unknown.buckets if b.rows] == ["d/kernel:0",
+                                                                        "o/kernel:0"]
+    every = Sharded(bucket_bytes=1 << 20, exchange=Exchange(AUTO))
+    kept = every.label(every.build_plan(specs(), 2), shapes, 2)
+    assert [b.variables[0].name for b in kept.buckets if b.rows] == ["d/kernel:0",
+                                                                     "o/kernel:0"]
+    assert not any(b.whole for b in kept.buckets)
+
+
 def test_label_exchange_per_layer_with_bytes():
     plan = Sharded(bucket_bytes=1 << 20, exchange=Exchange(AUTO)).build_plan(specs(), 2)
     assert not any(b.collective == EXCHANGE for b in plan.buckets)  # batch not known yet

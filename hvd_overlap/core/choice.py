@@ -15,11 +15,11 @@ the simulator, the bench and the CLI: ``hvd_overlap.core.spelling`` (``sharded+e
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from hvd_overlap.core.exchange import AUTO, GATHER, NEVER
+from hvd_overlap.core.exchange import AUTO, GATHER, NEVER, DenseShape
 from hvd_overlap.core.plan import (
     DEFAULT_BUCKET_BYTES,
     GATHER_METHODS,
@@ -32,6 +32,7 @@ from hvd_overlap.core.plan_builders import (
     check_shard,
     default_half,
     horovod_plan,
+    label_for_batch,
     sharded_plan,
 )
 from hvd_overlap.core.strategy import (
@@ -184,6 +185,11 @@ class Sharded(Bucketed):
     def exchange_modes(self) -> tuple[str, str]:
         ex = self.exchange
         return (ex.layers, ex.forward) if ex else (NEVER, AUTO)
+
+    def label(self, plan: Plan, shapes: Mapping[int, DenseShape], ranks: int) -> Plan:
+        if not self.exchanges:
+            return plan
+        return label_for_batch(plan, shapes, ranks, *self.exchange_modes(), self.shard)
 
     def comm_options(self) -> CommOptions:
         return CommOptions(ordered=self.ordered, gather_with=self.gather_with)

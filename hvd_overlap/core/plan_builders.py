@@ -8,14 +8,15 @@ phase and order -- is read from the plan, by the runtime and by the simulator al
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from hvd_overlap.core import mutants
-from hvd_overlap.core.exchange import NEVER, label_exchange, split_exchangeable
+from hvd_overlap.core.exchange import NEVER, DenseShape, label_exchange, split_exchangeable
 from hvd_overlap.core.plan import (
     ALLREDUCE,
     BACKWARD,
+    EXCHANGES,
     GATHER_METHODS,
     Bucket,
     Plan,
@@ -101,3 +102,22 @@ def shard_dense_only(plan: Plan) -> Plan:
         notes=plan.notes + ("shard='dense': only the dense kernels the exchange may carry are "
                             "sharded; every other bucket is allreduced during backprop and "
                             "updated whole on every rank",))
+
+
+def label_for_batch(plan: Plan, shapes: Mapping[int, DenseShape], ranks: int, exchange: str,
+                    forward: str, shard: str) -> Plan:
+    """The plan once each dense kernel's use in a step is known (``shapes``, by variable
+    index): the exchange's choice made per kernel (``label_exchange``), and under
+    ``shard="dense"`` a kernel it declines leaves the row-sliced layout, allreduced during
+    backprop and updated whole with the other buckets (a small kernel, such as a classifier's,
+    then costs no reduce-scatter and all-gather of its own)."""
+    plan = label_exchange(plan, shapes, exchange, ranks, forward)
+    if shard != SHARD_DENSE:
+        return plan
+    declined = {b.index for b in plan.buckets
+                if b.rows and b.collective not in EXCHANGES and b.variables[0].index in shapes}
+    if not declined:
+        return plan
+    return replace(plan, buckets=tuple(
+        replace(b, rows=False, collective=ALLREDUCE, phase=BACKWARD, whole=True)
+        if b.index in declined else b for b in plan.buckets))

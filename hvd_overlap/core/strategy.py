@@ -12,11 +12,11 @@ the shipped ones). Pure Python: no TensorFlow, no Horovod.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, NamedTuple
 
-from hvd_overlap.core.exchange import ALWAYS, AUTO, FORWARD_MODES, NEVER
+from hvd_overlap.core.exchange import ALWAYS, AUTO, FORWARD_MODES, NEVER, DenseShape
 from hvd_overlap.core.plan import DEFAULT_BUCKET_BYTES, GATHER_METHODS, Plan, VarSpec, fmt_bytes
 
 
@@ -80,6 +80,12 @@ class Strategy:
     def exchange_modes(self) -> tuple[str, str]:
         """The dense factor exchange's ``(layers, forward)`` modes (``never``: none)."""
         return NEVER, AUTO
+
+    def label(self, plan: Plan, shapes: Mapping[int, DenseShape], ranks: int) -> Plan:
+        """``plan`` (built by ``build_plan``) once each exchangeable kernel's use in a step is
+        known (``shapes``, by variable index; ``core.plan_builders.label_for_batch``): the same
+        plan for a strategy without the exchange."""
+        return plan
 
     @property
     def exchanges(self) -> bool:

@@ -7,7 +7,7 @@ asks of it. The patched layers themselves are ``hvd_overlap.keras.exchange``; th
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -32,6 +32,9 @@ from hvd_overlap.core.sharding import ShardLayout
 from hvd_overlap.core.trials import Trials
 from hvd_overlap.keras.exchange import ExchangedDense, exchangeable_layers
 
+#: a strategy's ``label``: the plan once each kernel's use (by variable index) is known
+Label = Callable[[Plan, Mapping[int, DenseShape], int], Plan]
+
 
 class DenseExchanges:
     """A sharded executor's patched layers and the decision which kernels the exchange
@@ -48,9 +51,12 @@ class DenseExchanges:
     forced_forward: str | None = None
 
     def __init__(self, mode: str, settings: Any, in_train_step: Callable[[], bool],
-                 forward: str = AUTO):
+                 forward: str = AUTO, label: Label | None = None):
         self.mode = mode
         self.forward = forward
+        #: the plan with the kernels' choice made (the strategy's ``label``)
+        self.label: Label = label or (lambda plan, shapes, ranks: label_exchange(
+            plan, shapes, mode, ranks, forward))
         self.settings = settings
         self.in_train_step = in_train_step
         self.layers: list[ExchangedDense] = []
@@ -138,7 +144,7 @@ class DenseExchanges:
         shapes = {i: DenseShape(*variables[i].shape.as_list(), batch=int(b),
                                 calls=max(found[i].calls, 1))
                   for i, b in zip(order, batch, strict=True) if b > 0}
-        labelled = label_exchange(plan, shapes, self.mode, hvd.size(), self.forward)
+        labelled = self.label(plan, shapes, hvd.size())
         chosen = {v.index: b.collective for b in labelled.buckets if b.collective in EXCHANGES
                   for v in b.variables}
         self._found = found

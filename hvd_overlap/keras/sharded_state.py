@@ -97,6 +97,21 @@ class ShardedState:
         if gathered is not None:  # else what a restore left pending stays so
             cp.restore(gathered, self.step)
 
+    def recut(self, layout: ShardLayout, build_slots: Callable[[list[tf.Variable]], Any]
+              ) -> None:
+        """The same variables cut by ``layout`` (some buckets now whole, or sliced): every
+        slot's values gathered whole, the slices and slots made again and set from them
+        (eager, every rank, every update landed first)."""
+        gathered = self.gather_state()
+        self.release()
+        self.create(layout, self.variables, build_slots)
+        self.load_state(gathered)
+
+    def release(self) -> None:
+        """Drop the slices and their slots (the optimizer forgets them)."""
+        release_slots(self.opt, self.slots)
+        self.slots, self.params, self.layout = {}, {}, None
+
     def slice_of(self, bucket, variables: Sequence[tf.Variable]) -> tf.Tensor:
         """This rank's slice of the bucket's current parameters (a graph tensor)."""
         start, stop = bucket.owned(hvd.rank())

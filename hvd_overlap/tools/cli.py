@@ -41,7 +41,7 @@ def plan(model_file: str, strategy: str, bucket_bytes: int | None, exchange: str
     import tensorflow as tf
 
     from hvd_overlap.comm.planner import var_specs
-    from hvd_overlap.core.exchange import NEVER, DenseShape, label_exchange
+    from hvd_overlap.core.exchange import NEVER, DenseShape
     from hvd_overlap.core.spelling import resolve
 
     try:
@@ -52,7 +52,7 @@ def plan(model_file: str, strategy: str, bucket_bytes: int | None, exchange: str
     if chosen.tuned:
         raise click.UsageError(f"{chosen.spec()}: 'auto' settings are chosen while training; "
                                "name the plan to print (e.g. --strategy hybrid+bucket=8M)")
-    layers, forward = chosen.exchange_modes()
+    layers = chosen.exchange_modes()[0]
     model = tf.keras.models.load_model(model_file, compile=False)
     kernels: frozenset = frozenset()
     if layers != NEVER:
@@ -61,10 +61,9 @@ def plan(model_file: str, strategy: str, bucket_bytes: int | None, exchange: str
 
         kernels = frozenset(keras_api.var_key(la.kernel) for la in exchangeable_layers(model))
     specs = var_specs(model.trainable_variables, exchangeable=kernels)
-    built = chosen.build_plan(specs, ranks)
-    if layers != NEVER:
-        built = label_exchange(built, {s.index: DenseShape(*s.shape, batch=batch_size)
-                                       for s in specs if s.exchangeable}, layers, ranks, forward)
+    built = chosen.label(chosen.build_plan(specs, ranks),
+                         {s.index: DenseShape(*s.shape, batch=batch_size)
+                          for s in specs if s.exchangeable}, ranks)
     click.echo(built.describe())
 
 

@@ -194,6 +194,33 @@ def test_auto_decides_per_layer_and_matches_stock(train_steps):
     assert "nobias/kernel:0 [33, 17] at 16/rank" in notes
 
 
+@pytest.mark.parametrize("opt_name", ["adam", "legacy_adam"])
+def test_kernels_the_exchange_declines_are_allreduced_whole(opt_name, train_steps):
+    """``exchange="auto", shard="dense"``: the kernels the exchange declines at the batch seen
+    (nobias's 33x17 and the logits' 12x10 at 16 per rank) leave the row-sliced layout after the
+    first step -- their slices and slots (Adam's moments, one step old) cut again as whole
+    buckets, allreduced during backprop -- and the weights are stock's."""
+    wrap = ours("sharded", exchange="auto", bucket_bytes=2048, shard="dense")
+    got = train_fit("dense_mix", opt_name, wrap, validation=True)
+    ref = stock_reference("dense_mix", opt_name)
+    assert_weights_close(got, ref)
+    assert same_on_all_ranks(got)
+    assert_fit_saw_stocks_weights(got, ref)
+    opt = got.optimizer
+    ran = _assert_ran_as_planned(opt, train_steps, ["wide"])
+    layout, bucket = opt._hvdo.state.layout, _bucket_names(opt)
+    assert [s.name.split("/")[0] for b in layout.buckets if not b.whole
+            for s in b.segments] == ["wide"]
+    declined = [v for v in opt._hvdo.state.variables
+                if v.name.split("/")[0] in ("nobias", "logits") and "kernel" in v.name]
+    assert len(declined) == 2
+    for g in ran.graphs:  # after the first step: allreduced with a whole bucket, not scattered
+        names = {n for _, n in g}
+        for v in declined:
+            assert ("HorovodGroupedAllreduce", bucket[v.ref()]) in g, (v.name, sorted(g))
+            assert f"{bucket[v.ref()]}.rs" not in names and f"{bucket[v.ref()]}.ag" not in names
+
+
 @pytest.mark.parametrize("forward", ["gather", "rows"])
 def test_shared_layer_and_sharded_hybrid_match_stock(forward, train_steps):
     """One Dense layer called on two inputs: two exchanges per step, their rows summed."""

@@ -96,6 +96,17 @@ def test_the_dense_exchange_equals_the_global_batch(strategy, opt_name):
     assert carried == sorted(keras_api.var_name(x.kernel) for x in layers), carried
 
 
+def test_kernels_the_exchange_declines_are_allreduced_whole():
+    """``shard="dense"`` with ``exchange="auto"``: at 8 per rank the exchange declines every
+    kernel of this small model, so after the first step they leave the row-sliced layout (their
+    slices and Adam's slots cut again, whole) and are allreduced; the global batch's weights."""
+    model, opt, want = _fit("sharded+exchange+shard=dense", "adam")
+    assert_same_weights(model, want, "sharded+exchange+shard=dense/adam")
+    assert_equal_on_every_rank(model)
+    assert opt._hvdo.exchange.decided and not any(x.active for x in opt._hvdo.exchange.layers)
+    assert all(b.whole for b in opt._hvdo.state.layout.buckets)
+
+
 @pytest.mark.parametrize("opt_name", ["adamw_no_bias", "rmsprop", "sgd_schedule"])
 def test_the_sharded_update_with_other_optimizers_equals_the_global_batch(opt_name):
     """Slices spanning several variables: decoupled weight decay masked where a variable is

@@ -19,7 +19,7 @@ from typing import Any
 
 from hvd_overlap.core.choice import STRATEGIES as _CLASSES
 from hvd_overlap.core.choice import Deferred, Exchange, Hybrid, Sharded, ShardedHybrid
-from hvd_overlap.core.exchange import AUTO, GATHER, NEVER, ROWS, DenseShape, label_exchange
+from hvd_overlap.core.exchange import AUTO, GATHER, NEVER, ROWS, DenseShape
 from hvd_overlap.core.plan import (
     BACKWARD,
     DEFAULT_BUCKET_BYTES,
@@ -129,16 +129,14 @@ def plan_of(profile: Profile, strategy: str | Strategy,
     """The plan the runtime would build for the profile's layers on ``ranks`` ranks (None:
     nothing to send); a name is built with ``bucket_bytes`` and ``defer`` (``strategy_of``);
     an exchange strategy's with each dense kernel's choice made for the profile's batch
-    (``label_exchange``)."""
+    (``Strategy.label``)."""
     chosen = strategy_of(strategy, bucket_bytes, defer)
-    layers, forward = chosen.exchange_modes()
+    layers = chosen.exchange_modes()[0]
     specs = _specs(profile, layers != NEVER)
     if not specs:
         return None
     plan = chosen.build_plan(specs, ranks)
-    if layers == NEVER:
-        return plan
-    return label_exchange(plan, _dense_shapes(profile, specs), layers, ranks, forward)
+    return chosen.label(plan, _dense_shapes(profile, specs), ranks)
 
 
 def buckets_of(profile: Profile, bucket_bytes: int = DEFAULT_BUCKET_BYTES,

@@ -38,8 +38,10 @@ class ShardedExecutor(NextStepExecutor):
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.state = self.state_class(self.settings.name, self.opt, self.plain.cls)
-        layers, forward = self.planner.strategy.exchange_modes()
-        self.exchange = DenseExchanges(layers, self.settings, self.phase.installed, forward)
+        strategy = self.planner.strategy
+        layers, forward = strategy.exchange_modes()
+        self.exchange = DenseExchanges(layers, self.settings, self.phase.installed, forward,
+                                       strategy.label)
 
     def set_method(self, method: Any) -> None:
         """As any executor's, checked by the exchange first (``check_method``)."""
@@ -152,8 +154,14 @@ class ShardedExecutor(NextStepExecutor):
         return asked or changed
 
     def _use(self, plan: Plan) -> None:
+        """Run ``plan`` from the next trace (every update landed): a bucket that changed from
+        slices to whole (``shard="dense"``: a kernel the exchange declined) has its slices and
+        slots cut again (eager, every rank)."""
         self.planner.replace_plan(self.plan, plan)
         self.plan = plan
+        layout = partition(plan, hvd.size())
+        if layout != self.state.layout:
+            self.state.recut(layout, self.plain.build)
         self.phase.forget_flush()  # a flush traced before must gather the kept kernels now
 
     def observe_step(self, seconds: float, usable: bool = True) -> None:

@@ -161,6 +161,8 @@ def test_shard_dense_kernels_the_exchange_declines_become_whole():
     assert by_name["d/kernel:0"].collective == EXCHANGE and by_name["d/kernel:0"].rows
     o = by_name["o/kernel:0"]
     assert (o.collective, o.phase, o.whole, o.rows) == (ALLREDUCE, BACKWARD, True, False)
+    assert labelled.notes[-1].endswith("allreduced whole instead of reduce-scattered: "
+                                       "o/kernel:0")
     layout = {b.bucket: b for b in partition(labelled, 2).buckets}
     assert layout[o.index].whole and layout[o.index].owned(1) == (0, 512 * 10)
     assert not layout[by_name["d/kernel:0"].index].whole

@@ -118,6 +118,9 @@ def label_for_batch(plan: Plan, shapes: Mapping[int, DenseShape], ranks: int, ex
                 if b.rows and b.collective not in EXCHANGES and b.variables[0].index in shapes}
     if not declined:
         return plan
+    names = ", ".join(b.variables[0].name for b in plan.buckets if b.index in declined)
     return replace(plan, buckets=tuple(
         replace(b, rows=False, collective=ALLREDUCE, phase=BACKWARD, whole=True)
-        if b.index in declined else b for b in plan.buckets))
+        if b.index in declined else b for b in plan.buckets),
+        notes=plan.notes + (f"shard='dense': the kernels the exchange declines are allreduced "
+                            f"whole instead of reduce-scattered: {names}",))

@@ -27,7 +27,10 @@ hidden behind compute.
 For ``sharded`` the two phases are split: ``reduce_scatter_hidden`` = 1 - (reduce-scatter wire
 time after the step's last reduce-scatter was enqueued, i.e. after backprop) / its wire time;
 ``all_gather_hidden`` = 1 - (the rest of the exposed time) / the all-gathers' wire time (the
-all-gathers are the only other communication, overlapping the next forward).
+all-gathers are the only other communication, overlapping the next forward). Where the dense
+factor exchange's collectives or whole buckets' allreduces run too, no kind can be charged
+with the exposed time alone: ``wire_kinds_s`` gives each kind's wire time (the exchange's
+apart) beside ``hidden``, the share in all.
 ``slot_mib`` is the optimizer slots one rank keeps (momentum, moments...); ``slice_mib`` the
 parameter slices a sharded rank updates (0 for the others); ``optimizer_mib`` their sum.
 
@@ -46,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.config import LOCAL, STAND_IN, STOCK, base_name
+from benchmarks.timelines import EXCHANGE
 from hvd_overlap.tools.timeline import GATHER_OPS
 
 Summary = dict[str, dict[str, Any]]
@@ -171,11 +175,19 @@ def _memory(state: dict[str, int] | None) -> dict[str, Any]:
 
 
 def phase_hidden(step: float, local: float | None, wire: dict[str, float] | None
-                 ) -> dict[str, float]:
+                 ) -> dict[str, Any]:
     """Sharded: hidden shares of the reduce-scatters (under backprop) and of the all-gathers
-    (under the next forward); see the module docstring. Empty for other strategies."""
+    (under the next forward); see the module docstring. Where other collectives share the step
+    (the exchange's, on the critical path; whole buckets' allreduces, under backprop) the
+    exposed time cannot be split by kind: only each kind's wire time (``wire_kinds_s``). Empty
+    for strategies of one kind of collective."""
     gathers = [wire[op] for op in GATHER_OPS if op in wire] if wire else []
-    if local is None or not wire or "REDUCESCATTER" not in wire or not gathers:
+    if not wire or local is None:
+        return {}
+    kinds = {k: v for k, v in wire.items() if k.isupper() or k == EXCHANGE}
+    if EXCHANGE in wire or "ALLREDUCE" in wire:
+        return {"wire_kinds_s": kinds} if len(kinds) > 1 else {}
+    if "REDUCESCATTER" not in wire or not gathers:
         return {}
     rs, ag = wire["REDUCESCATTER"], sum(gathers)
     rs_exposed = wire.get("REDUCESCATTER_after_backprop", 0.0)
@@ -183,6 +195,25 @@ def phase_hidden(step: float, local: float | None, wire: dict[str, float] | None
     return {"reduce_scatter_s": rs, "all_gather_s": ag,
             "reduce_scatter_hidden": _hidden(rs_exposed, rs) if rs else None,
             "all_gather_hidden": _hidden(ag_exposed, ag) if ag else None}
+
+
+#: the kinds' names as printed
+KIND_NAMES = {"ALLREDUCE": "allreduces", "REDUCESCATTER": "reduce-scatters",
+              "ALLGATHER": "all-gathers", "ALLTOALL": "all-to-alls",
+              EXCHANGE: "of which the exchange's"}
+
+
+def kinds_line(strategy: str, m: dict[str, Any]) -> str:
+    """Each kind's wire time per step and the hidden share in all, for a step whose exposed
+    time no kind can be charged with alone."""
+    kinds = m["wire_kinds_s"]
+    parts = ", ".join(f"{KIND_NAMES.get(k, k)} {kinds[k] * 1e3:.1f}" for k in
+                      [*(k for k in KIND_NAMES if k in kinds),
+                       *sorted(k for k in kinds if k not in KIND_NAMES)])
+    return (f"{strategy}: on the wire per step (ms): {parts}; "
+            f"{_num(m.get('hidden'), '.0%')} of it hidden in all (per kind not separable: the "
+            "exposed time is the step's, and the exchange's collectives and the allreduces "
+            "run beside the others)")
 
 
 def hidden_fraction(step: float, local: float | None, wire: float | None) -> float | None:
@@ -264,6 +295,8 @@ def format_table(summary: Summary, stand_in: bool = False) -> str:
                  + ("; bound ms: max(local step, link MiB (else sent MiB) / link rate)"
                     if bounds else ""))
     for s, m in summary.items():
+        if m.get("wire_kinds_s"):
+            lines.append(kinds_line(s, m))
         if m.get("reduce_scatter_hidden") is not None:
             lines.append(
                 f"{s}: reduce-scatters {m['reduce_scatter_s'] * 1e3:.1f} ms/step on the wire, "

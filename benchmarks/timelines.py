@@ -7,14 +7,20 @@ from pathlib import Path
 from hvd_overlap.tools.timeline import SENT_PER_RANK, merge_groups, read_timeline
 from hvd_overlap.tools.timeline_report import covered, exposed_after_last_enqueue
 
+#: the key of the dense factor exchange's collectives (all-to-alls and all-gathers of
+#: activations, named ``<optimizer>.xch<layer>...``) in ``wire_time_per_step``
+EXCHANGE = "exchange"
+EXCHANGE_NAME = ".xch"
+
 
 def wire_time_per_step(path: str | Path, steps: int) -> dict[str, float] | None:
     """Seconds per step that the gradient collectives spent on the wire in a timeline of
     ``1 + steps + 1`` steps (``Trainee.run(data, 1, steps)``): the union of their
     communication spans (negotiation excluded), divided by the steps whose gradients they
     carried (a deferring strategy's last step carries its own deferred part). Also per kind of
-    collective, and for reduce-scatters the part after the step's last one was enqueued
-    (backprop over: exposed). None if the file is missing."""
+    collective, the dense factor exchange's apart (``EXCHANGE``: they are counted in their kind
+    too), and for reduce-scatters the part after the step's last one was enqueued (backprop
+    over: exposed). None if the file is missing."""
     if not Path(path).exists():
         return None
     trips = [c for c in merge_groups(read_timeline(path))
@@ -26,6 +32,9 @@ def wire_time_per_step(path: str | Path, steps: int) -> dict[str, float] | None:
     scatters = [c for c in trips if c.op == "REDUCESCATTER"]
     if scatters:
         out["REDUCESCATTER_after_backprop"] = exposed_after_last_enqueue(scatters) / per_step
+    exchanged = [c for c in trips if EXCHANGE_NAME in c.tensor]
+    if exchanged:
+        out[EXCHANGE] = covered(exchanged) / per_step
     return out
 
 

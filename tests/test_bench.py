@@ -126,6 +126,25 @@ def test_sharded_phases_and_optimizer_memory():
     assert "85% hidden under backprop" in text and "50% hidden under the next forward" in text
 
 
+def test_a_step_with_the_exchange_reports_wire_per_kind_not_phases():
+    """The exchange's collectives on the critical path and whole buckets' allreduces beside
+    the reduce-scatters: the exposed time is not charged to the all-gathers (no phase split);
+    each kind's wire time and the hidden share in all are printed instead."""
+    wire = {"all": 0.2, "ALLREDUCE": 0.05, "REDUCESCATTER": 0.01, "ALLGATHER": 0.04,
+            "ALLTOALL": 0.1, "exchange": 0.12, "REDUCESCATTER_after_backprop": 0.0}
+    raw = {**RAW, "step_times": {"sharded+exchange": [0.5], LOCAL: [0.4]},
+           "wire_time_per_step_s": {"sharded+exchange": 0.2},
+           "wire_by_collective_s": {"sharded+exchange": wire}}
+    m = report.summarize(raw)["sharded+exchange"]
+    assert "reduce_scatter_hidden" not in m and "all_gather_hidden" not in m
+    assert m["wire_kinds_s"] == {k: v for k, v in wire.items() if k not in (
+        "all", "REDUCESCATTER_after_backprop")}
+    line = report.kinds_line("sharded+exchange", m)
+    assert ("allreduces 50.0, reduce-scatters 10.0, all-gathers 40.0, all-to-alls 100.0, "
+            "of which the exchange's 120.0; 50% of it hidden in all") in line
+    assert line in report.format_table(report.summarize(raw))
+
+
 def test_config_validation():
     assert set(MODEL_NAMES) == set(MODELS)
     assert BenchConfig().strategies == (STOCK, *STRATEGIES, LOCAL)

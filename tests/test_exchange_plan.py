@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from benchmarks.config import BenchConfig, plugin_options
-from benchmarks.timelines import wire_bytes_per_step
+from benchmarks.timelines import wire_bytes_per_step, wire_time_per_step
 from hvd_overlap.core.choice import Exchange, Sharded, ShardedHybrid
 from hvd_overlap.core.exchange import (
     ALWAYS,
@@ -206,14 +206,11 @@ def test_row_slices_join_back(ranks):
         np.testing.assert_array_equal(whole[b.segments[0].index], arrays[b.segments[0].index])
 
 
-def test_wire_bytes_from_a_timeline(tmp_path):
-    """Horovod logs each collective's output shape: an allreduce of 1000 floats sends 2 * 1/2 *
-    4000 B on 2 ranks, a reduce-scatter whose output is 500 floats sends 2000 B, an all-gather
-    whose output is 1000 floats sends 2000 B; over 1 + 1 + 1 steps."""
+def _timeline(tmp_path, collectives) -> str:
+    """A Horovod timeline of ``(tensor, op, output shape)``, each 5 us on the wire, 10 us
+    apart."""
     events = ['{"name": "process_name", "ph": "M", "pid": 0, "args": {"name": "x"}}']
-    for pid, (name, op, shape) in enumerate([("a", "ALLREDUCE", "[1000]"),
-                                             ("r", "REDUCESCATTER", "[500]"),
-                                             ("g", "ALLGATHER", "[10, 100]")], start=1):
+    for pid, (name, op, shape) in enumerate(collectives, start=1):
         events += [f'{{"name": "process_name", "ph": "M", "pid": {pid}, "args": {{"name": '
                    f'"{name}"}}}}',
                    f'{{"ph": "B", "name": "{op}", "ts": {pid * 10}, "pid": {pid}}}',
@@ -221,6 +218,15 @@ def test_wire_bytes_from_a_timeline(tmp_path):
                    f'"float32", "shape": "{shape}"}}}}']
     path = tmp_path / "t.json"
     path.write_text("[\n" + ",\n".join(events) + "\n]")
+    return str(path)
+
+
+def test_wire_bytes_from_a_timeline(tmp_path):
+    """Horovod logs each collective's output shape: an allreduce of 1000 floats sends 2 * 1/2 *
+    4000 B on 2 ranks, a reduce-scatter whose output is 500 floats sends 2000 B, an all-gather
+    whose output is 1000 floats sends 2000 B; over 1 + 1 + 1 steps."""
+    path = _timeline(tmp_path, [("a", "ALLREDUCE", "[1000]"), ("r", "REDUCESCATTER", "[500]"),
+                                ("g", "ALLGATHER", "[10, 100]")])
     got = wire_bytes_per_step(path, steps=1, ranks=2)
     assert got == {"all": 8000 / 3, "ALLREDUCE": 4000 / 3, "REDUCESCATTER": 2000 / 3,
                    "ALLGATHER": 2000 / 3}
@@ -239,3 +245,16 @@ def test_the_bench_spells_strategies_as_the_plugin_does():
     with pytest.raises(ValueError, match="unknown option 'turbo'"):
         BenchConfig(strategies=("sharded+turbo",)).validate()
     BenchConfig(strategies=("stock", "sharded+exchange", "local")).validate()
+
+
+def test_the_exchanges_wire_time_apart(tmp_path):
+    """The exchange's collectives (named ``.xch``) count in their kind and apart, so that the
+    bench can tell a step with them from one of reduce-scatters and all-gathers alone."""
+    path = _timeline(tmp_path, [("o.xch1.0.x", "ALLTOALL", "[8]"), ("o.b2.ag", "ALLGATHER", "[8]"),
+                                ("o.xch1.0.dy", "ALLGATHER", "[8]")])
+    got = wire_time_per_step(path, steps=1)
+    assert got["exchange"] == pytest.approx(2 * 5e-6 / 3)
+    assert got["ALLGATHER"] == pytest.approx(2 * 5e-6 / 3)
+    assert got["ALLTOALL"] == pytest.approx(5e-6 / 3)
+    assert "exchange" not in wire_time_per_step(
+        _timeline(tmp_path, [("o.b2.ag", "ALLGATHER", "[8]")]), steps=1)

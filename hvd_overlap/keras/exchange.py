@@ -159,6 +159,7 @@ class ExchangedDense:
         sizes = row_sizes(int(self.layer.kernel.shape[0]), ranks)
         n_mine, n_out = int(mine.shape[0]), int(mine.shape[1])
         step = current_step()  # (its backprop runs in the same step body)
+        below = _computed_from_variables(x)  # backprop goes on below this layer
 
         @tf.custom_gradient
         def matmul(x, mine):
@@ -177,7 +178,10 @@ class ExchangedDense:
                 dx = tf.concat([tf.reshape(p, [batch, s]) for p, s in zip(parts, sizes,
                                                                           strict=True)], 1)
                 step.send_back(self, dx)
-                return dx, self._rows_grad(x_mine, dy_all)
+                # the input gradient first: its all-to-all is on backprop's critical path, this
+                # rank's kernel rows are not (their product runs while it travels)
+                with tf.control_dependencies([dx_mine] if below else []):
+                    return dx, self._rows_grad(x_mine, dy_all)
             return y, grad
         return matmul(x, mine)
 
@@ -212,3 +216,24 @@ class ExchangedDense:
         dy_all = collectives.all_gather(dy, f"{name}.dy")  # rank order
         return tf.pad(self._rows_grad(x_mine, dy_all), [[start, n_in - stop], [0, 0]])
 
+
+
+def _computed_from_variables(t: tf.Tensor) -> bool:
+    """Whether graph tensor ``t`` is computed from a variable (a read of one among its
+    ancestors): a layer's input gradient is then used by backprop below it. A model's first
+    layer's input is data: its input gradient is never computed."""
+    seen, todo = set(), [t.op]
+    while todo:
+        op = todo.pop()
+        if op.type in _VARIABLE_READS:
+            return True
+        for parent in (i.op for i in op.inputs):
+            if parent not in seen:
+                seen.add(parent)
+                todo.append(parent)
+    return False
+
+
+#: ops that read a variable in a traced graph (a captured handle is a resource placeholder,
+#: as the data iterator's is: the read tells them apart)
+_VARIABLE_READS = frozenset({"ReadVariableOp", "ResourceGather"})

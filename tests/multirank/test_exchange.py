@@ -388,10 +388,35 @@ def test_local_kernel_gradient_is_not_computed():
     assert (144, 33) not in shapes, shapes
 
 
+def _received(t: tf.Tensor, suffix: str, hops: int = 3) -> bool:
+    """Whether ``t`` is (a reshape or identity of) a Horovod all-to-all named ``*suffix``."""
+    op = t.op
+    for _ in range(hops):
+        if op.type == "HorovodAlltoall":
+            return op.name.endswith(suffix)
+        if op.type not in ("Reshape", "Identity") or not op.inputs:
+            return False
+        op = op.inputs[0].op
+    return False
+
+
+def _sent(op: tf.Operation, suffix: str, hops: int = 3) -> bool:
+    """Whether ``op``'s output goes (through reshapes) into a Horovod all-to-all named
+    ``*suffix``."""
+    frontier = [op]
+    for _ in range(hops):
+        frontier = [c for o in frontier for t in o.outputs for c in t.consumers()]
+        if any(c.type == "HorovodAlltoall" and c.name.endswith(suffix) for c in frontier):
+            return True
+        frontier = [c for c in frontier if c.type in ("Reshape", "Identity")]
+    return False
+
+
 def test_reduce_scatters_wait_for_the_input_gradients_on_the_rows():
     """With the forward on the rows, backprop below an exchanged layer waits for its input
     gradient's all-to-all; Horovod runs one collective at a time, so the buckets ready before
-    it (the biases above) are reduce-scattered after it. The first layer's input gradient,
+    it (the biases above) are reduce-scattered after it, and the rank's kernel rows are
+    computed after the input gradient (while it travels). The first layer's input gradient,
     which nothing uses, is not made to run."""
     tf.keras.utils.set_random_seed(3)
     model = MODELS["dense_mix"]()
@@ -417,6 +442,17 @@ def test_reduce_scatters_wait_for_the_input_gradients_on_the_rows():
                 assert before, op.name
                 waited |= before
             assert len(waited) == 2, sorted(op.name for op in waited)  # not wide's
+            # each kernel's rows (x^T dY, after the errors' all-gather) and the input gradients
+            # the all-to-alls send (dY W^T): the rows wait for their layer's input gradient, but
+            # wide's (its input gradient is not computed)
+            dy = {op for op in ops if op.type == "HorovodAllgather" and op.name.endswith(".dy")}
+            products = [op for op in ops if op.type == "MatMul" and ancestors(op) & dy]
+            rows = [op for op in products if op.get_attr("transpose_a")  # x^T dY, x received
+                    and _received(op.inputs[0], ".x")]
+            sent = [op for op in products if op.get_attr("transpose_b")  # dY W^T, sent
+                    and _sent(op, ".dx")]
+            assert len(rows) == 3 and len(sent) == 3, (rows, sent)
+            assert sorted(len(set(op.control_inputs) & set(sent)) for op in rows) == [0, 1, 1]
             checked += 1
     assert checked
 

@@ -38,10 +38,9 @@ class ShardedExecutor(NextStepExecutor):
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.state = self.state_class(self.settings.name, self.opt, self.plain.cls)
-        strategy = self.planner.strategy
-        layers, forward = strategy.exchange_modes()
+        layers, forward = self.planner.strategy.exchange_modes()
         self.exchange = DenseExchanges(layers, self.settings, self.phase.installed, forward,
-                                       strategy.label)
+                                       self.planner.strategy.label)
 
     def set_method(self, method: Any) -> None:
         """As any executor's, checked by the exchange first (``check_method``)."""
@@ -154,12 +153,10 @@ class ShardedExecutor(NextStepExecutor):
         return asked or changed
 
     def _use(self, plan: Plan) -> None:
-        """Run ``plan`` from the next trace (every update landed): a bucket that changed from
-        slices to whole (``shard="dense"``: a kernel the exchange declined) has its slices and
-        slots cut again (eager, every rank)."""
+        """Run ``plan`` from the next trace (every update landed); a layout it changes (a
+        kernel the exchange declined, whole under ``shard="dense"``) is cut again."""
         self.planner.replace_plan(self.plan, plan)
-        self.plan = plan
-        layout = partition(plan, hvd.size())
+        self.plan, layout = plan, partition(plan, hvd.size())
         if layout != self.state.layout:
             self.state.recut(layout, self.plain.build)
         self.phase.forget_flush()  # a flush traced before must gather the kept kernels now

@@ -217,7 +217,6 @@ class ExchangedDense:
         return tf.pad(self._rows_grad(x_mine, dy_all), [[start, n_in - stop], [0, 0]])
 
 
-
 def _computed_from_variables(t: tf.Tensor) -> bool:
     """Whether graph tensor ``t`` is computed from a variable (a read of one among its
     ancestors): a layer's input gradient is then used by backprop below it. A model's first

@@ -28,11 +28,13 @@ def var_specs(variables: Sequence[tf.Variable], grads: Sequence[Grad] | None = N
     ``exchangeable``: refs of the dense kernels the factor exchange can carry."""
     grads = list(grads) if grads is not None else [0] * len(variables)
     names = [keras_api.var_name(v) for v in variables]
+    dense = [keras_api.var_key(v) in exchangeable for v in variables]
     return [
         VarSpec(index=i, name=name, shape=tuple(int(d) for d in v.shape),
                 dtype=tf.as_dtype(v.dtype).base_dtype.name, layer=layer_of(name),
-                sparse=isinstance(g, tf.IndexedSlices) and not sparse_as_dense,
-                has_grad=g is not None, exchangeable=keras_api.var_key(v) in exchangeable)
+                # (an exchanged kernel's gradient is its rank's rows: IndexedSlices, not sparse)
+                sparse=isinstance(g, tf.IndexedSlices) and not (sparse_as_dense or dense[i]),
+                has_grad=g is not None, exchangeable=dense[i])
         for i, (v, g, name) in enumerate(zip(variables, grads, names, strict=True))
     ]
 

@@ -5,16 +5,18 @@ gradient: in backprop, instead of the local ``x^T dY`` (never computed), it send
 with an all-to-all -- each rank receives, for the whole global batch, the columns of ``x`` that
 belong to its own rows of the kernel -- and all-gathers the output errors ``dY``; one local GEMM
 then gives the exact global gradient of the rank's own rows. The gradient the tape returns for
-the kernel holds those rows (averaged like Horovod's ``op``) and zeros elsewhere; the sharded
-executor takes its rows from it and updates them, and the updated rows are all-gathered as any
-sharded bucket. The numbers (row split, bytes, when it pays) are ``hvd_overlap.core.exchange``.
+the kernel is those rows (averaged like Horovod's ``op``) as ``tf.IndexedSlices`` (no zeros
+are written for the others); the sharded executor updates them, and the updated rows are
+all-gathered as any sharded bucket. The numbers (row split, bytes, when it pays) are
+``hvd_overlap.core.exchange``.
 
 With the forward on the rows (``EXCHANGE_ROWS``) the updated rows are not gathered: the layer's
-forward sends the input's column blocks to their rows' owners (that all-to-all's result serves
-backprop too), multiplies them by this rank's rows, and sends each partial output back to its
+forward reads this rank's rows from the slice the optimizer updates (``read_rows``, given at
+``activate``), sends the input's column blocks to their rows' owners (that all-to-all's result
+serves backprop too), multiplies them by its rows, and sends each partial output back to its
 batch's rank, which sums them. Backprop all-gathers ``dY`` as above and sends each rank the
-input gradient of its own columns back. The executor writes the updated rows into the kernel
-(locally) and gathers the whole kernel only when the weights are read (a flush).
+input gradient of its own columns back. The kernel itself is written only when the weights are
+read (a flush gathers it whole).
 
 Until ``activate`` (after the first step, when the batch is known and the plan decided) a
 patched layer computes as Keras does and only records its batch size. ``activate`` is the
@@ -41,6 +43,9 @@ from hvd_overlap.core.exchange import (
     row_sizes,
 )
 from hvd_overlap.keras.executors.step_state import current_step
+
+#: a kernel -> this rank's current rows of it (``[rows, n_out]``), read in a train step's forward
+ReadRows = Callable[[tf.Variable], tf.Tensor]
 
 
 def exchangeable_layers(model: Any) -> list[Any]:
@@ -78,6 +83,7 @@ class ExchangedDense:
         self.active = False
         self.keep = False  # the forward runs on this rank's rows (they are not gathered)
         self.rows: tuple[int, int] | None = None
+        self.read_rows: ReadRows | None = None  # keep: the rows the forward multiplies by
         with plugin_state():
             self.batch = tf.Variable(0, dtype=tf.int64, trainable=False, name=f"{name}_batch")
         self.calls = 0  # most calls in one traced step (a shared layer: more than one)
@@ -87,12 +93,14 @@ class ExchangedDense:
     def kernel(self) -> tf.Variable | None:
         return getattr(self.layer, "kernel", None)
 
-    def activate(self, rows: tuple[int, int], keep: bool = False) -> None:
+    def activate(self, rows: tuple[int, int], read_rows: ReadRows | None = None) -> None:
         """From the next trace on, this rank owns kernel rows ``[start, stop)`` and the kernel
-        gradient comes from the exchange; ``keep``: the forward too runs on the rows."""
+        gradient comes from the exchange; with ``read_rows`` (the kernel -> this rank's current
+        rows, read in the forward) the forward too runs on the rows."""
         if mutants.off("exchange"):
             return
-        self.rows, self.active, self.keep = rows, True, keep
+        self.rows, self.active = rows, True
+        self.keep, self.read_rows = read_rows is not None, read_rows
 
     # -- what the executor reads --------------------------------------------------------------
 
@@ -132,12 +140,11 @@ class ExchangedDense:
         dtype = keras_api.compute_dtype_object(layer)
         if inputs.dtype.base_dtype != dtype.base_dtype:
             inputs = tf.cast(inputs, dtype=dtype)
-        kernel, name = tf.convert_to_tensor(layer.kernel), f"{self.name}.{use}"
+        name = f"{self.name}.{use}"
         if self.keep:
-            start, stop = self.rows
-            outputs = self._rows_matmul(inputs, kernel[start:stop], name)
+            outputs = self._rows_matmul(inputs, self.read_rows(layer.kernel), name)
         else:
-            outputs = self._matmul(inputs, kernel, name)
+            outputs = self._matmul(inputs, tf.convert_to_tensor(layer.kernel), name)
         if layer.use_bias:
             outputs = tf.nn.bias_add(outputs, layer.bias)
         if layer.activation is not None:
@@ -154,7 +161,8 @@ class ExchangedDense:
 
     def _rows_matmul(self, x: tf.Tensor, mine: tf.Tensor, name: str) -> tf.Tensor:
         """``x @ kernel`` from this rank's rows ``mine`` of the kernel (every rank's batch may
-        differ: the all-to-alls carry their sizes)."""
+        differ: the all-to-alls carry their sizes). The kernel (read, not copied) is the
+        custom gradient's input only so that the tape asks this layer for its gradient."""
         ranks = hvd.size()
         sizes = row_sizes(int(self.layer.kernel.shape[0]), ranks)
         n_mine, n_out = int(mine.shape[0]), int(mine.shape[1])
@@ -162,7 +170,7 @@ class ExchangedDense:
         below = _computed_from_variables(x)  # backprop goes on below this layer
 
         @tf.custom_gradient
-        def matmul(x, mine):
+        def matmul(x, kernel):
             batch = tf.shape(x)[0]
             x_mine, got = self._columns_to_owners(x, sizes, f"{name}.x")
             batches = got // n_mine                                  # every rank's batch
@@ -183,7 +191,7 @@ class ExchangedDense:
                 with tf.control_dependencies([dx_mine] if below else []):
                     return dx, self._rows_grad(x_mine, dy_all)
             return y, grad
-        return matmul(x, mine)
+        return matmul(x, tf.convert_to_tensor(self.layer.kernel))
 
     @staticmethod
     def _columns_to_owners(x: tf.Tensor, sizes: list[int], name: str) -> tuple[tf.Tensor, Any]:
@@ -203,18 +211,22 @@ class ExchangedDense:
         back, _ = collectives.alltoall_splits(tf.reshape(rows, [-1]), splits, name)
         return back
 
-    def _rows_grad(self, x_mine: tf.Tensor, dy_all: tf.Tensor) -> tf.Tensor:
-        """This rank's rows of the global kernel gradient (averaged like Horovod's ``op``)."""
+    def _rows_grad(self, x_mine: tf.Tensor, dy_all: tf.Tensor) -> tf.IndexedSlices:
+        """This rank's rows of the global kernel gradient (averaged like Horovod's ``op``), as
+        the kernel's gradient: the rows, and where they are."""
         rows = tf.matmul(x_mine, dy_all, transpose_a=True)
-        return rows / tf.cast(hvd.size(), rows.dtype) if self.average else rows
-
-    def _kernel_grad(self, x: tf.Tensor, dy: tf.Tensor, name: str) -> tf.Tensor:
-        """This rank's rows of the global kernel gradient, zeros elsewhere (full shape)."""
-        n_in = int(self.layer.kernel.shape[0])
+        rows = rows / tf.cast(hvd.size(), rows.dtype) if self.average else rows
         start, stop = self.rows  # set by activate, before any trace takes this path
-        x_mine, _ = self._columns_to_owners(x, row_sizes(n_in, hvd.size()), f"{name}.x")
+        shape = self.layer.kernel.shape
+        return tf.IndexedSlices(rows, tf.range(start, stop),
+                                dense_shape=tf.constant(shape.as_list(), tf.int64))
+
+    def _kernel_grad(self, x: tf.Tensor, dy: tf.Tensor, name: str) -> tf.IndexedSlices:
+        """This rank's rows of the global kernel gradient (``_rows_grad``)."""
+        x_mine, _ = self._columns_to_owners(
+            x, row_sizes(int(self.layer.kernel.shape[0]), hvd.size()), f"{name}.x")
         dy_all = collectives.all_gather(dy, f"{name}.dy")  # rank order
-        return tf.pad(self._rows_grad(x_mine, dy_all), [[start, n_in - stop], [0, 0]])
+        return self._rows_grad(x_mine, dy_all)
 
 
 def _computed_from_variables(t: tf.Tensor) -> bool:

@@ -30,7 +30,7 @@ from hvd_overlap.core.exchange import (
 from hvd_overlap.core.plan import EXCHANGE, EXCHANGE_ROWS, EXCHANGES, Plan
 from hvd_overlap.core.sharding import ShardLayout
 from hvd_overlap.core.trials import Trials
-from hvd_overlap.keras.exchange import ExchangedDense, exchangeable_layers
+from hvd_overlap.keras.exchange import ExchangedDense, ReadRows, exchangeable_layers
 
 #: a strategy's ``label``: the plan once each kernel's use (by variable index) is known
 Label = Callable[[Plan, Mapping[int, DenseShape], int], Plan]
@@ -51,8 +51,10 @@ class DenseExchanges:
     forced_forward: str | None = None
 
     def __init__(self, mode: str, settings: Any, in_train_step: Callable[[], bool],
-                 forward: str = AUTO, label: Label | None = None):
+                 read_rows: ReadRows | None = None, forward: str = AUTO,
+                 label: Label | None = None):
         self.mode = mode
+        self.read_rows = read_rows  # a kernel on the rows -> this rank's current rows of it
         self.forward = forward
         #: the plan with the kernels' choice made (the strategy's ``label``)
         self.label: Label = label or (lambda plan, shapes, ranks: label_exchange(
@@ -165,7 +167,10 @@ class DenseExchanges:
         """Activate the exchanged kernels for ``way``: ``rows`` (the cost model's choice) or
         ``gather`` (every exchanged kernel's rows gathered); the plan that describes it."""
         for index, rows in self._rows.items():
-            self._found[index].activate(rows, keep=way == ROWS and index in self._keep)
+            keep = way == ROWS and index in self._keep
+            if keep and self.read_rows is None:
+                raise RuntimeError("the forward on the rows needs read_rows (a sharded state)")
+            self._found[index].activate(rows, self.read_rows if keep else None)
         plan = self._plans[way]
         if self.trial is not None and self.trial.settled:
             plan = replace(plan, notes=plan.notes + (
@@ -222,10 +227,3 @@ class DenseExchanges:
                 "gives each rank only its rows of a kernel's gradient: let apply_gradients "
                 "receive the local gradients (model.fit, minimize, or tape.gradient then "
                 "apply_gradients), or pass exchange='never' to DistributedOptimizer")
-
-    @staticmethod
-    def keep_rows(variable: tf.Variable, rows: tf.Tensor) -> None:
-        """Write this rank's updated rows into a kernel whose forward runs on them (no
-        collective)."""
-        start, stop = row_range(int(variable.shape[0]), hvd.size(), hvd.rank())
-        variable[start:stop].assign(tf.reshape(rows, [stop - start, -1]))

@@ -5,7 +5,9 @@ Each bucket has one flat ``tf.Variable`` of ``shard_size`` elements, this rank's
 bucket's parameters: the wrapped optimizer updates it (so its slots -- momentum, Adam moments --
 are built for the slices only, ``1/P`` of stock Horovod's memory). The model's variables stay the
 source of truth between steps: every step copies this rank's slice out of them before updating it,
-so broadcasts, ``load_weights`` and ``set_weights`` need nothing special.
+so broadcasts, ``load_weights`` and ``set_weights`` need nothing special -- except for the kernels
+whose forward runs on the rows, whose slices are the truth until a flush
+(``hvd_overlap.keras.kept_rows``).
 
 The slots are kept out of ``optimizer.variables()`` (so ``BroadcastGlobalVariablesCallback`` does
 not overwrite one rank's slots with rank 0's) and out of the optimizer's own checkpoint entries.
@@ -113,8 +115,12 @@ class ShardedState:
         self.slots, self.params, self.layout = {}, {}, None
 
     def slice_of(self, bucket, variables: Sequence[tf.Variable]) -> tf.Tensor:
-        """This rank's slice of the bucket's current parameters (a graph tensor)."""
+        """This rank's slice of the bucket's current parameters (a graph tensor); or of
+        gradients, where an exchanged kernel's is its rows already (``tf.IndexedSlices``)."""
         start, stop = bucket.owned(hvd.rank())
+        first = variables[bucket.segments[0].index]
+        if isinstance(first, tf.IndexedSlices):
+            return _own_rows(first, start // int(first.values.shape[1]), stop - start)
         parts = []
         for s in bucket.segments:  # only the variables overlapping [start, stop)
             lo, hi = max(start, s.offset), min(stop, s.offset + s.size)
@@ -124,6 +130,17 @@ class ShardedState:
         if padding > 0:
             parts.append(tf.zeros([padding], bucket.dtype))
         return parts[0] if len(parts) == 1 else tf.concat(parts, 0)
+
+    def decay(self, given: set[int]) -> None:
+        """Decoupled weight decay on the slices among ``given`` (ids), skipping the elements of
+        excluded variables, as Keras skips the variables."""
+        for b, p in self.params.items():
+            if id(p) not in given:
+                continue
+            lr = tf.cast(self.opt.learning_rate, p.dtype)
+            wd = tf.cast(self.opt.weight_decay, p.dtype)
+            mask = self.decay_masks.get(b)
+            p.assign_sub((p if mask is None else p * mask) * wd * lr)
 
     def gather_state(self) -> dict[str, Any]:
         """Every rank's slot slices, all-gathered into whole per-variable arrays (eager; call on
@@ -240,3 +257,13 @@ class ShardedCheckpoint(keras_api.Trackable):
             slots.setdefault(slot, {})[int(index)] = data[d][offset:offset + size].reshape(shape)
         self.restore(slots, layout["iterations"])
         return tf.no_op()
+
+
+def _own_rows(grad: tf.IndexedSlices, first_row: int, size: int) -> tf.Tensor:
+    """A kernel's gradient given as this rank's rows (from ``first_row``; ``size`` elements),
+    flat; summed where a layer called several times in the step gave them more than once."""
+    values = grad.values
+    if values.shape.num_elements() == size:
+        return tf.reshape(values, [-1])
+    rows = size // int(values.shape[1])
+    return tf.reshape(tf.math.unsorted_segment_sum(values, grad.indices - first_row, rows), [-1])

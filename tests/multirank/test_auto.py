@@ -180,7 +180,7 @@ def test_the_probe_times_its_compute_inside_its_steps(monkeypatch):
     assert ex.settling_steps == QUIET + auto.WARM_STEPS + auto.TRIAL_STEPS
     samples = ex.compute_clock.samples
     assert 1 <= len(samples) < QUIET and all(s > 0 for s in samples), samples
-    assert ex.compute_clock.median() < 1.2 * ex.measured[ex.probe], (samples, ex.measured)
+    assert ex.compute_clock.estimate() < 1.2 * ex.measured[ex.probe], (samples, ex.measured)
     assert "(compute measured: " in ex.log[0], ex.log[0]
     model_compute = hvd_tf.allgather_object(ex.chooser.fitted[0].compute_s,
                                             name="test.auto.model_compute")

@@ -44,7 +44,7 @@ from tests.multirank.helpers import (
     train_fit,
     train_loop,
 )
-from tests.multirank.test_keras_usage import RecordEvery, _fit_mixed
+from tests.multirank.test_keras_usage import RecordEvery, ResetAt, _fit_mixed
 
 if TYPE_CHECKING:
     from tests.multirank.conftest import TrainSteps
@@ -289,9 +289,10 @@ def test_online_check_between_rows_and_gather_matches_stock(kept, train_steps):
 
 
 def test_rows_stay_on_their_rank_until_flush(train_steps):
-    """With the forward on the rows, training steps never gather a kernel: after steps in a
-    custom loop each rank's own rows equal stock Horovod's, the other rows are stale (as the
-    first step, before the decision, left them), and ``flush`` brings in the whole kernel."""
+    """With the forward on the rows, training steps never write a kernel: after steps in a
+    custom loop it is as the first step (before the decision) left it, each rank's rows --
+    the slice its forward reads and its optimizer updates -- equal stock Horovod's, and
+    ``flush`` brings in the whole kernel."""
     tf.keras.utils.set_random_seed(5)
     model = MODELS["dense_mix"]()
     opt = hvdo.DistributedOptimizer(OPTIMIZERS["adam"](), strategy="sharded",
@@ -313,12 +314,15 @@ def test_rows_stay_on_their_rank_until_flush(train_steps):
     _assert_ran_as_planned(opt, train_steps, every, every)
     assert opt.pending
     start, stop = row_range(144, hvd.size(), hvd.rank())
-    got, want = model.get_layer("wide").kernel.numpy(), ref_model.get_layer("wide").kernel.numpy()
-    np.testing.assert_allclose(got[start:stop], want[start:stop], rtol=1e-5, atol=1e-6)
-    others = np.ones(144, bool)
-    others[start:stop] = False
-    np.testing.assert_array_equal(got[others], first[others])
-    assert np.abs(want[others] - first[others]).max() > 1e-4  # (stock's did move)
+    kernel = model.get_layer("wide").kernel
+    want = ref_model.get_layer("wide").kernel.numpy()
+    np.testing.assert_array_equal(kernel.numpy(), first)
+    assert np.abs(want - first).max() > 1e-4  # (stock's did move)
+    st = opt._hvdo.state
+    [rows] = [st.params[b.bucket].numpy() for b in st.layout.buckets
+              if st.variables[b.segments[0].index] is kernel]
+    np.testing.assert_allclose(rows.reshape(stop - start, -1), want[start:stop],
+                               rtol=1e-5, atol=1e-6)
     opt.flush()
     assert not opt.pending
     assert_weights_close(Result(model), Result(ref_model))
@@ -386,6 +390,67 @@ def test_local_kernel_gradient_is_not_computed():
     rows = 144 // hvd.size()
     assert (rows, 33) in shapes, shapes
     assert (144, 33) not in shapes, shapes
+
+
+@pytest.mark.parametrize("forward", ["rows", "gather"])
+def test_the_step_writes_no_part_of_a_kernel_and_no_zeros(forward):
+    """The exchanged kernels' gradients are their rows (``tf.IndexedSlices``): no whole-kernel
+    gradient is built around them (no ``StridedSliceGrad``, no ``Pad``), and the forward on
+    the rows reads the rows from the slice the optimizer updates, so no step assigns to part
+    of a variable (which copies it, and every later read of it)."""
+    tf.keras.utils.set_random_seed(3)
+    model = MODELS["dense_mix"]()
+    opt = hvdo.DistributedOptimizer(OPTIMIZERS["sgd_momentum"](), strategy="sharded",
+                                    exchange="always", exchange_forward=forward)
+    model.compile(optimizer=opt, loss=LOSS)
+    x, y = rank_data("dense_mix", BATCH * 3)
+    cb = hvdo.OverlapCallback()
+    model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0, callbacks=[cb])
+    types = set()
+    for fn in cb._functions.values():  # the traced steps of the last fit (after the decision)
+        for concrete in fn._list_all_concrete_functions_for_serialization():
+            graph = concrete.graph.as_graph_def()
+            types |= {n.op for n in [*graph.node, *(n for f in graph.library.function
+                                                    for n in f.node_def)]}
+    assert "HorovodAlltoall" in types  # (the exchange ran)
+    assert not types & {"StridedSliceGrad", "Pad", "PadV2", "ResourceStridedSliceAssign"}, \
+        sorted(types)
+
+
+def _fit_dense_mix(wrap, callbacks=(), steps=8, then=()):
+    """``fit`` of ``steps`` steps with ``callbacks``, then, if ``then`` holds callbacks (or
+    None), another with those."""
+    tf.keras.utils.set_random_seed(3)
+    model = MODELS["dense_mix"]()
+    model.compile(wrap(OPTIMIZERS["sgd_momentum"]()), LOSS)
+    x, y = rank_data("dense_mix", BATCH * steps)
+    for cbs in [callbacks] + ([] if then == () else [then or []]):
+        model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0,
+                  callbacks=list(cbs))
+    return Result(model)
+
+
+def test_rows_forward_reads_weights_set_during_fit(train_steps):
+    """``set_weights`` from a callback mid-fit (after the decision): the next forward on the
+    rows reads the rows written, not the slices it kept -- as stock Horovod's steps do."""
+    want = _fit_dense_mix(stock, [ResetAt(4)])
+    rows = ours("sharded", exchange="always", exchange_forward="rows")
+    got = _fit_dense_mix(rows, [ResetAt(4), hvdo.OverlapCallback()])
+    _assert_ran_as_planned(got.optimizer, train_steps, ["logits", "nobias", "wide"],
+                           ["logits", "nobias", "wide"])
+    assert_weights_close(got, want)
+
+
+def test_rows_forward_without_overlap_callback_matches_stock(train_steps):
+    """A ``fit`` without ``OverlapCallback`` (no pre-forward phase) after one with it (which
+    put the kernels on the rows): every step lands its whole update, the kernels on the rows
+    gathered at its end, so the weights after it are stock's."""
+    want = _fit_dense_mix(stock, then=None)
+    rows = ours("sharded", exchange="always", exchange_forward="rows")
+    got = _fit_dense_mix(rows, [hvdo.OverlapCallback()], then=None)
+    assert _plan_kept(got.optimizer) == ["logits", "nobias", "wide"]
+    assert not got.optimizer.pending
+    assert_weights_close(got, want)
 
 
 def _received(t: tf.Tensor, suffix: str, hops: int = 3) -> bool:

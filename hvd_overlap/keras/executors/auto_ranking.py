@@ -79,7 +79,7 @@ def rank_trials(ex: Any, probe_s: float) -> list[Strategy]:
 def measured_compute(ex: Any) -> float | None:
     """The probe's compute per step, timed in its steps (``ComputeClock``), averaged over
     the ranks; None where any rank timed none (every rank calls this at the same step)."""
-    mine = ex.compute_clock.median()
+    mine = ex.compute_clock.estimate()
     value, timed = agree([mine or 0.0, 1.0 if mine else 0.0],
                          f"{ex.settings.name}.auto.compute")
     return value if timed == 1.0 and value > 0 else None

@@ -3,8 +3,10 @@ of every bucket, all-gather the updated slices -- for the plan's backward-phase 
 updated as soon as its reduce-scatter lands and gathered while backprop goes on; for its
 forward-phase ones, at the start of the next step (forward order).
 A dense kernel whose forward runs on the rows (``exchange_forward="rows"``) is not gathered in
-train steps: each rank writes its updated rows into it, and the whole kernel is gathered when the
-weights are read (``flush``, or the end of a landing step).
+train steps: its forward reads this rank's rows from the slice the optimizer updates
+(``KeptRows``), and the whole kernel is gathered when the weights are read (``flush``, the end
+of a landing step) and after any step whose forward read the kernel instead (a step the plugin
+did not make: ``fit`` without ``OverlapCallback``, ``train_on_batch``).
 
 The slices, their optimizer slots and the checkpoint layout are ``ShardedState``
 (``hvd_overlap.keras.sharded_state``); the partition is ``hvd_overlap.core.sharding``.
@@ -26,6 +28,7 @@ from hvd_overlap.core.sharding import BucketSlices, ShardLayout, partition
 from hvd_overlap.keras.exchange_choice import DenseExchanges
 from hvd_overlap.keras.executors.forward_phase import NextStepExecutor
 from hvd_overlap.keras.executors.step_state import Gradients, Stage, TrainLoop
+from hvd_overlap.keras.kept_rows import KeptRows
 from hvd_overlap.keras.sharded_slots import numpy_dtype, plain_order, stale_state_error
 from hvd_overlap.keras.sharded_state import ShardedState
 
@@ -38,9 +41,10 @@ class ShardedExecutor(NextStepExecutor):
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.state = self.state_class(self.settings.name, self.opt, self.plain.cls)
+        self.rows = KeptRows(self.state)
         layers, forward = self.planner.strategy.exchange_modes()
-        self.exchange = DenseExchanges(layers, self.settings, self.phase.installed, forward,
-                                       self.planner.strategy.label)
+        self.exchange = DenseExchanges(layers, self.settings, self.phase.installed,
+                                       self.rows.read, forward, self.planner.strategy.label)
 
     def set_method(self, method: Any) -> None:
         """As any executor's, checked by the exchange first (``check_method``)."""
@@ -52,6 +56,7 @@ class ShardedExecutor(NextStepExecutor):
         first step; later, the layout is fixed and nothing changes)."""
         if self.phase.stage is Stage.UNPLANNED:
             self.exchange.attach(model)
+        self.rows.mark()  # (a fit starts: weights may have been loaded since)
 
     def apply_gradients(self, grads: list[Grad], variables: list[tf.Variable],
                         args: tuple, kwargs: dict,
@@ -69,6 +74,7 @@ class ShardedExecutor(NextStepExecutor):
             _check_shardable(variables, plan)
             self.phase.create()
             self.state.create(partition(plan, hvd.size()), variables, self.plain.build)
+            self.rows.create()
             self.plan = plan
         elif plan is not self.plan:
             raise ValueError("a sharded DistributedOptimizer serves one model: create one "
@@ -92,7 +98,10 @@ class ShardedExecutor(NextStepExecutor):
                     piece = st.slice_of(b, grads)  # this rank's rows: global already
                 else:
                     piece = self.method.scatter(b, grads)
-            st.params[b.bucket].assign(st.slice_of(b, variables))  # current weights, exactly
+            if b.segments[0].index not in kept:  # the current weights, exactly
+                st.params[b.bucket].assign(st.slice_of(b, variables))
+            elif b not in rows_here:  # kept, but its forward read the kernel here
+                self.rows.read(variables[b.segments[0].index])
             pairs[b.bucket] = (piece, st.params[b.bucket])
         # Backward-phase buckets, output side first (the order their slices arrive in): each
         # updated as soon as reduce-scattered and all-gathered while backprop goes on. Updates
@@ -104,8 +113,8 @@ class ShardedExecutor(NextStepExecutor):
             self._gather(b)
         self.apply_part([pairs[b.bucket] for b in st.layout.buckets if b not in now],
                         count=True)
-        for b in rows_here:
-            self._keep_rows(b)
+        if rows_here:
+            self.rows.read_done()
         for b in st.layout.buckets:  # (a kept kernel this graph did not use: gathered now)
             if b not in rows_here and b.segments[0].index in kept:
                 self._gather(b)
@@ -123,11 +132,6 @@ class ShardedExecutor(NextStepExecutor):
         kept = self.exchange.kept(self.state.variables)
         return [b for b in self.state.layout.buckets
                 if (landing if b.segments[0].index in kept else b.phase == FORWARD)]
-
-    def _keep_rows(self, bucket: BucketSlices) -> None:
-        """A kernel whose forward runs on the rows: this rank's updated rows into it."""
-        self.exchange.keep_rows(self.state.variables[bucket.segments[0].index],
-                                self.state.params[bucket.bucket])
 
     def _gather(self, bucket: BucketSlices) -> tf.Tensor:
         """All-gather one bucket's updated slices into the model's variables."""
@@ -159,6 +163,7 @@ class ShardedExecutor(NextStepExecutor):
         self.plan, layout = plan, partition(plan, hvd.size())
         if layout != self.state.layout:
             self.state.recut(layout, self.plain.build)
+        self.rows.mark()
         self.phase.forget_flush()  # a flush traced before must gather the kept kernels now
 
     def observe_step(self, seconds: float, usable: bool = True) -> None:
@@ -187,6 +192,7 @@ class ShardedExecutor(NextStepExecutor):
 
     def flush(self) -> None:
         self.phase.flush(lambda: self._issue_gathers(landing=True))
+        self.rows.mark()  # (the weights may be written now: set_weights flushes first)
 
     def gather_state(self) -> None:
         st = self.state
@@ -261,19 +267,10 @@ class ShardedExecutor(NextStepExecutor):
         return {k: c for k, c in children.items() if not _holds_any(c, hidden)}
 
     def apply_weight_decay(self, variables) -> Any:
-        """Decoupled weight decay on the slices, skipping the elements of excluded variables,
-        as Keras skips the variables."""
-        st = self.state
-        if st.layout is None or self.opt.weight_decay is None:
+        """Decoupled weight decay on the slices (``ShardedState.decay``)."""
+        if self.state.layout is None or self.opt.weight_decay is None:
             return super().apply_weight_decay(variables)
-        given = {id(v) for v in variables}  # (the step's update is applied in parts)
-        for b, p in st.params.items():
-            if id(p) not in given:
-                continue
-            lr = tf.cast(self.opt.learning_rate, p.dtype)
-            wd = tf.cast(self.opt.weight_decay, p.dtype)
-            mask = st.decay_masks.get(b)
-            p.assign_sub((p if mask is None else p * mask) * wd * lr)
+        self.state.decay({id(v) for v in variables})  # (the step's update is applied in parts)
         return None
 
 

@@ -81,9 +81,8 @@ class ExchangedDense:
         self.average = average
         self.in_train_step = in_train_step  # the graph being built is a train step's
         self.active = False
-        self.keep = False  # the forward runs on this rank's rows (they are not gathered)
         self.rows: tuple[int, int] | None = None
-        self.read_rows: ReadRows | None = None  # keep: the rows the forward multiplies by
+        self.read_rows: ReadRows | None = None  # on the rows: what the forward multiplies by
         with plugin_state():
             self.batch = tf.Variable(0, dtype=tf.int64, trainable=False, name=f"{name}_batch")
         self.calls = 0  # most calls in one traced step (a shared layer: more than one)
@@ -93,14 +92,18 @@ class ExchangedDense:
     def kernel(self) -> tf.Variable | None:
         return getattr(self.layer, "kernel", None)
 
+    @property
+    def keep(self) -> bool:
+        """The forward runs on this rank's rows (they are not gathered)."""
+        return self.read_rows is not None
+
     def activate(self, rows: tuple[int, int], read_rows: ReadRows | None = None) -> None:
         """From the next trace on, this rank owns kernel rows ``[start, stop)`` and the kernel
         gradient comes from the exchange; with ``read_rows`` (the kernel -> this rank's current
         rows, read in the forward) the forward too runs on the rows."""
         if mutants.off("exchange"):
             return
-        self.rows, self.active = rows, True
-        self.keep, self.read_rows = read_rows is not None, read_rows
+        self.rows, self.active, self.read_rows = rows, True, read_rows
 
     # -- what the executor reads --------------------------------------------------------------
 

@@ -103,7 +103,7 @@ class DenseExchanges:
     def deactivate(self) -> None:
         """The plan ends: every patched layer computes as Keras's again (after a flush)."""
         for x in self.layers:
-            x.active = x.keep = False
+            x.active, x.read_rows = False, None
 
     def kernel_refs(self) -> frozenset:
         """Refs of the patched layers' kernels (built ones)."""

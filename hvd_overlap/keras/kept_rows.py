@@ -45,18 +45,21 @@ class KeptRows:
     def read(self, kernel: tf.Variable) -> tf.Tensor:
         """This rank's current rows of ``kernel``, ``[rows, n_out]``, for its forward in the
         train step being traced: its slice, first copied out of the kernel if stale."""
+        with tf.control_dependencies([self.refresh(kernel)]):
+            rows = keras_api.read_value(self.state.params[self._bucket(kernel).bucket])
+        return tf.reshape(rows, [-1, int(kernel.shape[1])])
+
+    def refresh(self, kernel: tf.Variable) -> tf.Tensor:
+        """Copy this rank's rows of ``kernel`` into its slice if stale (an op of the train step
+        being traced; True where it copied)."""
         st, bucket = self.state, self._bucket(kernel)
-        params = st.params[bucket.bucket]
 
         def copy() -> tf.Tensor:
-            params.assign(st.slice_of(bucket, st.variables))
+            st.params[bucket.bucket].assign(st.slice_of(bucket, st.variables))
             return tf.constant(True)
 
         assert self.stale is not None, "the state is made before any forward on the rows"
-        copied = tf.cond(self.stale, copy, lambda: tf.constant(False))
-        with tf.control_dependencies([copied]):
-            rows = keras_api.read_value(params)
-        return tf.reshape(rows, [-1, int(kernel.shape[1])])
+        return tf.cond(self.stale, copy, lambda: tf.constant(False))
 
     def read_done(self) -> None:
         """The step's forwards have read the slices: current from now on (an op of the train

@@ -101,7 +101,7 @@ class ShardedExecutor(NextStepExecutor):
             if b.segments[0].index not in kept:  # the current weights, exactly
                 st.params[b.bucket].assign(st.slice_of(b, variables))
             elif b not in rows_here:  # kept, but its forward read the kernel here
-                self.rows.read(variables[b.segments[0].index])
+                self.rows.refresh(variables[b.segments[0].index])
             pairs[b.bucket] = (piece, st.params[b.bucket])
         # Backward-phase buckets, output side first (the order their slices arrive in): each
         # updated as soon as reduce-scattered and all-gathered while backprop goes on. Updates

@@ -146,12 +146,13 @@ def test_every_collective_waits_for_the_whole_backward_pass():
     assert [float(v) for v in step(tf.constant(2.0))] == [4.0, 6.0]
 
 
-def test_the_fastest_of_the_steps_counted():
+def test_the_median_of_the_steps_counted():
+    """Neither a lucky fast step nor one slowed by another process moves the estimate."""
     clock = ComputeClock()
     assert clock.estimate() is None
-    for s in (0.3, 0.1, 0.2):
+    for s in (0.3, 0.05, 0.2, 0.9, 0.1):
         clock.samples.append(s)
-    assert clock.estimate() == 0.1
+    assert clock.estimate() == 0.2
 
 
 def test_a_step_counts_only_where_asked():

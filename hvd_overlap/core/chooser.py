@@ -39,8 +39,8 @@ WARM_STEPS = 3
 #: ...then the steps it is timed over
 TRIAL_STEPS = 7
 #: quiet steps before the probe's first trial (``auto``): the first traces them, the others
-#: time the compute (three, their median)
-QUIET_STEPS = 4
+#: time the compute (five, their median)
+QUIET_STEPS = 6
 #: steps not timed after a step that traced (a deferring plan's first steady step follows)
 SKIP_AFTER_TRACE = 1
 #: a plan is measured in a trial, or chosen by prediction alone (a batch too short-lived for a

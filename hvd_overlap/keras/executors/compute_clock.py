@@ -18,6 +18,7 @@ checks). Timestamps take no inputs; each is ordered by control dependencies on w
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
 from typing import Any
 
@@ -95,10 +96,12 @@ class ComputeClock:
             self.samples.append(took)
 
     def estimate(self) -> float | None:
-        """The compute of the fastest step counted, or None: another process or a late peer
-        only ever lengthens a step (on a loaded machine, the median of three read 2.0x the
-        compute-only step)."""
-        return min(self.samples) if self.samples else None
+        """The median compute of the steps counted, or None. Neither the fastest nor the
+        slowest: a step on a one-core rank varies by 15% either way (the mlp's quiet steps read
+        38-56 ms beside a 42-46 ms compute-only step, and the fastest of three 0.76x it), and a
+        step slowed by another process reads high (the median of three read 2.0x on a loaded
+        machine: ``QUIET_STEPS`` times five)."""
+        return statistics.median(self.samples) if self.samples else None
 
     def _variable(self) -> tf.Variable:
         if self._times is None:

@@ -23,8 +23,11 @@ MINE = ReversedLayerwise(bucket_bytes=2048)
 
 @pytest.fixture(autouse=True)
 def own(monkeypatch):
+    """One timed step per trial, every trial run whatever the timings, and no quiet steps
+    (tested in test_auto.py): the whole check fits in the run's 24 steps."""
     monkeypatch.setattr(auto, "TRIAL_STEPS", 1)
     monkeypatch.setattr(auto, "CLEAR_GAIN", 1.0)  # every trial runs whatever the timings
+    monkeypatch.setattr(auto, "QUIET_STEPS", 0)
     with registered():
         yield
 

@@ -29,8 +29,8 @@ EXCHANGE_BENCH_RUNS = (*EXCHANGE_RUNS, "benchmarks/results/exchange/mlp_1gbit_ho
 AUTO_RUNS = tuple(f"benchmarks/results/auto/{model}_{net}_b{batch}.json"
                   for net in ("1gbit", "10gbit", "plain") for model in ("mlp", "vgg", "resnet20")
                   for batch in (32, 64))
-DEMO = "benchmarks/results/demo/2026-12-06.json"
-DEMO_OUTPUT = "benchmarks/results/untimed_timeline/demo.txt"
+DEMO = "benchmarks/results/demo/2026-12-07.json"
+DEMO_OUTPUT = "benchmarks/results/demo/2026-12-07.txt"
 CALIBRATION_2 = "benchmarks/profiles/overheads-gloo-2rank.json"
 CALIBRATION_2TO4 = "benchmarks/profiles/overheads-gloo-2to4ranks.json"
 GPU_RUNS = ("benchmarks/results/gpu_profiles/run1", "benchmarks/results/gpu_profiles/run2")
